@@ -1,0 +1,1 @@
+"""Benchmarks: each prints ratios of instrumented to plain runs measured in one invocation."""

@@ -1,0 +1,1 @@
+"""The node exporter: GPUs through NVML, NCCL debug logs and NCCL configuration."""

@@ -1,0 +1,1 @@
+"""The remediation service: Alertmanager webhook -> policy -> actions, with an audit trail."""

@@ -1,0 +1,353 @@
+"""The names every part of trainguard relies on.
+
+Metric names, label names, alert names, span names and attributes, and the event schema are
+an API: dashboards, alert rules, runbooks and users' own queries depend on them. This module
+is the only place that spells them out; everything else imports them from here (DESIGN.md,
+"Contract"). Renaming anything here needs a migration note in the README.
+
+Conventions: prefix ``trainguard_``, base units (seconds, bytes, joules, ratios in 0..1),
+``_total`` on counters. Labels never include ``job`` (Prometheus owns it), a step number or a
+tensor name (unbounded cardinality).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+PREFIX = "trainguard_"
+
+# --- label names -------------------------------------------------------------------------
+LABEL_JOB_ID = "job_id"
+LABEL_RANK = "rank"
+LABEL_LOCAL_RANK = "local_rank"
+LABEL_NODE = "node"
+LABEL_GPU = "gpu"
+LABEL_PHASE = "phase"
+LABEL_COMPONENT = "component"
+LABEL_UUID = "uuid"
+LABEL_MODEL_NAME = "name"
+LABEL_PID = "pid"
+LABEL_REASON = "reason"
+LABEL_XID = "xid"
+LABEL_KIND = "kind"
+LABEL_CHECK = "check"
+LABEL_COLLECTOR = "collector"
+LABEL_PROVIDER = "provider"
+LABEL_VERSION = "version"
+LABEL_TRANSPORT = "transport"
+LABEL_BACKEND = "backend"
+
+# Labels every training-rank series carries; they identify the process.
+RANK_IDENTITY_LABELS: tuple[str, ...] = (LABEL_JOB_ID, LABEL_RANK, LABEL_LOCAL_RANK, LABEL_NODE)
+
+
+class Phase(str, enum.Enum):
+    """The phases a training step is split into (label ``phase``)."""
+
+    DATA = "data"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+
+
+class MetricKind(str, enum.Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+    INFO = "info"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric of the contract: its exposed name, type, help text and extra labels.
+
+    ``name`` is the name as Prometheus stores it (counters end in ``_total``).
+    ``client_name`` is what prometheus_client expects, which adds ``_total`` itself.
+    ``labels`` are the labels beyond the identity labels of the emitting process.
+    """
+
+    name: str
+    kind: MetricKind
+    documentation: str
+    labels: tuple[str, ...] = ()
+
+    @property
+    def client_name(self) -> str:
+        if self.kind is MetricKind.COUNTER:
+            return self.name.removesuffix("_total")
+        if self.kind is MetricKind.INFO:
+            return self.name.removesuffix("_info")
+        return self.name
+
+
+def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(PREFIX + name, MetricKind.COUNTER, doc, labels)
+
+
+def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(PREFIX + name, MetricKind.GAUGE, doc, labels)
+
+
+def _histogram(name: str, doc: str, labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(PREFIX + name, MetricKind.HISTOGRAM, doc, labels)
+
+
+def _info(name: str, doc: str, labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(PREFIX + name, MetricKind.INFO, doc, labels)
+
+
+# --- training ranks (emitted by trainguard.instrumentation) --------------------------------
+STEPS = _counter("steps_total", "Training steps completed by this rank.")
+STEP_DURATION = _histogram(
+    "step_duration_seconds",
+    "Wall time of a whole training step (equal on every rank of a synchronous job).",
+)
+STEP_PHASE_DURATION = _histogram(
+    "step_phase_duration_seconds",
+    "Wall time of one phase of a training step: data wait, forward, backward "
+    "(including gradient sync) and optimizer.",
+    (LABEL_PHASE,),
+)
+STEP_COMPUTE_DURATION = _histogram(
+    "step_compute_duration_seconds",
+    "Local work of a step with no waiting on peers: data wait + forward compute + backward "
+    "compute. The straggler signal.",
+)
+SYNC_WAIT_DURATION = _histogram(
+    "sync_wait_duration_seconds",
+    "Time a step spent blocked on peers: the part of the gradient sync not overlapped with "
+    "backward compute.",
+)
+COLLECTIVES_LAUNCHED = _counter(
+    "collectives_launched_total",
+    "Collectives this rank has launched (its collective sequence number).",
+)
+COLLECTIVES_COMPLETED = _counter(
+    "collectives_completed_total", "Collectives this rank has seen complete."
+)
+LAST_STEP_TIMESTAMP = _gauge(
+    "last_step_timestamp_seconds", "Unix time at which this rank last completed a step."
+)
+GRAD_SYNC_DURATION = _histogram(
+    "grad_sync_duration_seconds",
+    "Duration of a gradient synchronisation (whole step by default, per bucket in bucket mode).",
+)
+GRAD_SYNC_BYTES = _counter("grad_sync_bytes_total", "Gradient bytes synchronised by this rank.")
+COLLECTIVE_INFLIGHT = _gauge(
+    "collective_inflight", "Collectives of this rank launched and not yet completed."
+)
+COLLECTIVE_OLDEST_INFLIGHT = _gauge(
+    "collective_oldest_inflight_seconds",
+    "Age of this rank's oldest collective that has not completed (0 when none).",
+)
+COLLECTIVE_TIMEOUTS = _counter(
+    "collective_timeouts_total",
+    "Collectives of this rank that ran past their process group's timeout.",
+)
+COLLECTIVE_STALLS = _counter(
+    "collective_stalls_total",
+    "Stalls detected by the collective watchdog (oldest in-flight collective past the stall "
+    "threshold); one per stall.",
+)
+MEMORY_ALLOCATED = _gauge("memory_allocated_bytes", "Memory held by live tensors (CUDA) or RSS.")
+MEMORY_RESERVED = _gauge(
+    "memory_reserved_bytes", "Memory reserved by the caching allocator (CUDA) or RSS."
+)
+MEMORY_CAPACITY = _gauge(
+    "memory_capacity_bytes", "Total device memory (CUDA) or the cgroup/host memory limit."
+)
+MEMORY_FRAGMENTATION = _gauge(
+    "memory_fragmentation_ratio",
+    "Share of reserved memory not held by tensors: (reserved - allocated) / reserved.",
+)
+MEMORY_ALLOC_RETRIES = _counter(
+    "memory_alloc_retries_total",
+    "cudaMalloc retries after the allocator freed its cache (a sign of memory pressure).",
+)
+OOM_EVENTS = _counter("oom_events_total", "Out-of-memory errors seen inside a training step.")
+OOM_RECOVERIES = _counter(
+    "oom_recoveries_total", "Steps that succeeded after an OOM by splitting into micro-batches."
+)
+INSTRUMENTATION_ERRORS = _counter(
+    "instrumentation_errors_total",
+    "Failures inside trainguard's own instrumentation (caught; training went on).",
+    (LABEL_COMPONENT,),
+)
+SPANS_DROPPED = _counter(
+    "spans_dropped_total", "Spans that could not be exported (endpoint down, queue full)."
+)
+RANK_INFO = _info(
+    "rank_info", "Static facts about this training rank.", (LABEL_BACKEND, "world_size", "device")
+)
+
+RANK_METRICS: tuple[MetricSpec, ...] = (
+    STEPS,
+    STEP_DURATION,
+    STEP_PHASE_DURATION,
+    STEP_COMPUTE_DURATION,
+    SYNC_WAIT_DURATION,
+    COLLECTIVES_LAUNCHED,
+    COLLECTIVES_COMPLETED,
+    LAST_STEP_TIMESTAMP,
+    GRAD_SYNC_DURATION,
+    GRAD_SYNC_BYTES,
+    COLLECTIVE_INFLIGHT,
+    COLLECTIVE_OLDEST_INFLIGHT,
+    COLLECTIVE_TIMEOUTS,
+    COLLECTIVE_STALLS,
+    MEMORY_ALLOCATED,
+    MEMORY_RESERVED,
+    MEMORY_CAPACITY,
+    MEMORY_FRAGMENTATION,
+    MEMORY_ALLOC_RETRIES,
+    OOM_EVENTS,
+    OOM_RECOVERIES,
+    INSTRUMENTATION_ERRORS,
+    SPANS_DROPPED,
+    RANK_INFO,
+)
+
+# --- nodes (emitted by trainguard.exporters) ------------------------------------------------
+GPU_LABELS: tuple[str, ...] = (LABEL_GPU, LABEL_UUID, LABEL_MODEL_NAME)
+
+GPU_UTILIZATION = _gauge("gpu_utilization_ratio", "GPU busy ratio (0..1).", GPU_LABELS)
+GPU_MEMORY_USED = _gauge("gpu_memory_used_bytes", "GPU framebuffer memory used.", GPU_LABELS)
+GPU_MEMORY_TOTAL = _gauge("gpu_memory_total_bytes", "GPU framebuffer memory total.", GPU_LABELS)
+GPU_TEMPERATURE = _gauge("gpu_temperature_celsius", "GPU core temperature.", GPU_LABELS)
+GPU_POWER = _gauge("gpu_power_watts", "GPU power draw.", GPU_LABELS)
+GPU_ENERGY = _counter("gpu_energy_joules_total", "GPU energy used since driver load.", GPU_LABELS)
+GPU_CLOCK_THROTTLED = _gauge(
+    "gpu_clock_throttled",
+    "1 while the GPU clocks are held down for the given reason.",
+    (*GPU_LABELS, LABEL_REASON),
+)
+GPU_XID_ERRORS = _counter(
+    "gpu_xid_errors_total", "NVIDIA Xid errors seen, by Xid code.", (*GPU_LABELS, LABEL_XID)
+)
+GPU_ECC_ERRORS = _counter(
+    "gpu_ecc_errors_total", "ECC errors (kind: corrected|uncorrected).", (*GPU_LABELS, LABEL_KIND)
+)
+NVML_UP = _gauge("nvml_up", "1 when NVML answered the last scrape.")
+NCCL_INFO = _info(
+    "nccl", "NCCL version and transport seen in NCCL debug logs.", (LABEL_VERSION, LABEL_TRANSPORT)
+)
+NCCL_LOG_ERRORS = _counter(
+    "nccl_log_errors_total", "NCCL warnings and errors in debug logs, by kind.", (LABEL_KIND,)
+)
+NCCL_CONFIG_WARNINGS = _gauge(
+    "nccl_config_warnings",
+    "1 while a NCCL / TORCH_NCCL_* setting on this node fails the given check.",
+    (LABEL_CHECK,),
+)
+
+NODE_METRICS: tuple[MetricSpec, ...] = (
+    GPU_UTILIZATION,
+    GPU_MEMORY_USED,
+    GPU_MEMORY_TOTAL,
+    GPU_TEMPERATURE,
+    GPU_POWER,
+    GPU_ENERGY,
+    GPU_CLOCK_THROTTLED,
+    GPU_XID_ERRORS,
+    GPU_ECC_ERRORS,
+    NVML_UP,
+    NCCL_INFO,
+    NCCL_LOG_ERRORS,
+    NCCL_CONFIG_WARNINGS,
+)
+
+
+# --- alerts ---------------------------------------------------------------------------------
+class Alert(str, enum.Enum):
+    """Alert names (CamelCase); each has ``severity`` and summary/description/runbook_url."""
+
+    TRAINING_OOM = "TrainingOOM"
+    TRAINING_OOM_RISK = "TrainingOOMRisk"
+    TRAINING_STRAGGLER = "TrainingStraggler"
+    TRAINING_COLLECTIVE_STALLED = "TrainingCollectiveStalled"
+    TRAINING_NCCL_TIMEOUT = "TrainingNCCLTimeout"
+    TRAINING_STALLED = "TrainingStalled"
+    TRAINING_RANK_DOWN = "TrainingRankDown"
+    TRAINING_DATALOADER_BOUND = "TrainingDataLoaderBound"
+    TRAINING_MEMORY_FRAGMENTATION = "TrainingMemoryFragmentation"
+    GPU_XID_ERROR = "GpuXidError"
+    GPU_THERMAL_THROTTLING = "GpuThermalThrottling"
+    GPU_NVML_DOWN = "GpuNvmlDown"
+    NCCL_SOCKET_TRANSPORT_FALLBACK = "NcclSocketTransportFallback"
+
+
+# --- spans ----------------------------------------------------------------------------------
+INSTRUMENTATION_SCOPE = "trainguard.instrumentation"
+SPAN_STEP = "trainguard.step"  # the step's root, emitted by rank 0
+SPAN_RANK_STEP = "trainguard.rank_step"  # one per rank per step, child of the root
+SPAN_FORWARD = "trainguard.forward"
+SPAN_BACKWARD = "trainguard.backward"
+SPAN_OPTIMIZER = "trainguard.optimizer"
+SPAN_GRAD_SYNC = "trainguard.grad_sync"
+SPAN_GRAD_SYNC_BUCKET = "trainguard.grad_sync.bucket"
+
+ATTR_JOB_ID = "trainguard.job_id"
+ATTR_RANK = "trainguard.rank"
+ATTR_LOCAL_RANK = "trainguard.local_rank"
+ATTR_WORLD_SIZE = "trainguard.world_size"
+ATTR_STEP = "trainguard.step"
+ATTR_BUCKET_INDEX = "trainguard.bucket.index"
+ATTR_BUCKET_BYTES = "trainguard.bucket.bytes"
+ATTR_BACKEND = "trainguard.backend"
+ATTR_NODE = "trainguard.node"
+
+EXEMPLAR_TRACE_ID = "trace_id"
+
+# --- event schema (ECS fields; see trainguard.events) --------------------------------------
+
+
+class EventKind(str, enum.Enum):
+    """What happened (``event.action``)."""
+
+    OOM = "oom"
+    OOM_RECOVERED = "oom_recovered"
+    COLLECTIVE_STALLED = "collective_stalled"
+    COLLECTIVE_TIMEOUT = "collective_timeout"
+    STRAGGLER = "straggler"
+    CHECKPOINT = "checkpoint"
+    DIRECTIVE = "directive"
+    INSTRUMENTED = "instrumented"
+    UNINSTRUMENTED = "uninstrumented"
+    INSTRUMENTATION_ERROR = "instrumentation_error"
+    ALERT_RECEIVED = "alert_received"
+    DECISION = "decision"
+    ACTION = "action"
+
+
+class EventOutcome(str, enum.Enum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    UNKNOWN = "unknown"
+
+
+# ECS field names used by events; labels.* carry our identity labels.
+FIELD_EVENT_KIND = "event.kind"
+FIELD_EVENT_CATEGORY = "event.category"
+FIELD_EVENT_ACTION = "event.action"
+FIELD_EVENT_OUTCOME = "event.outcome"
+FIELD_EVENT_DATASET = "event.dataset"
+FIELD_SERVICE_NAME = "service.name"
+FIELD_TRACE_ID = "trace.id"
+FIELD_SPAN_ID = "span.id"
+FIELD_LABELS_PREFIX = "labels."
+FIELD_JOB_ID = FIELD_LABELS_PREFIX + LABEL_JOB_ID
+FIELD_RANK = FIELD_LABELS_PREFIX + LABEL_RANK
+FIELD_NODE = FIELD_LABELS_PREFIX + LABEL_NODE
+FIELD_STEP = FIELD_LABELS_PREFIX + "step"
+FIELD_DETAILS = "trainguard"  # event-specific details live under this object
+
+# --- environment variables ------------------------------------------------------------------
+ENV_JOB_ID = "TRAINGUARD_JOB_ID"
+ENV_METRICS_PORT = "TRAINGUARD_METRICS_PORT"
+ENV_METRICS_ADDR = "TRAINGUARD_METRICS_ADDR"
+ENV_FILE_SD_DIR = "TRAINGUARD_FILE_SD_DIR"
+ENV_DUMP_DIR = "TRAINGUARD_DUMP_DIR"
+ENV_NODE = "TRAINGUARD_NODE"
+ENV_STALL_FLOOR = "TRAINGUARD_STALL_FLOOR_SECONDS"
+ENV_REMEDIATION_URL = "TRAINGUARD_REMEDIATION_URL"
