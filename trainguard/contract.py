@@ -37,6 +37,14 @@ LABEL_PROVIDER = "provider"
 LABEL_VERSION = "version"
 LABEL_TRANSPORT = "transport"
 LABEL_BACKEND = "backend"
+LABEL_DIRECTION = "direction"
+LABEL_RUNBOOK_URL = "runbook_url"
+LABEL_INTERFACE = "interface"
+LABEL_NETWORK = "network"
+LABEL_NRANKS = "nranks"
+LABEL_CHANNELS = "channels"
+LABEL_TREES = "trees"
+LABEL_COMM_ID = "comm_id"
 
 # Labels every training-rank series carries; they identify the process.
 RANK_IDENTITY_LABELS: tuple[str, ...] = (LABEL_JOB_ID, LABEL_RANK, LABEL_LOCAL_RANK, LABEL_NODE)
@@ -230,7 +238,21 @@ GPU_ECC_ERRORS = _counter(
 )
 NVML_UP = _gauge("nvml_up", "1 when NVML answered the last scrape.")
 NCCL_INFO = _info(
-    "nccl", "NCCL version and transport seen in NCCL debug logs.", (LABEL_VERSION, LABEL_TRANSPORT)
+    "nccl",
+    "One NCCL communicator of one rank seen in NCCL debug logs: NCCL version, transports its "
+    "channels connected through (NET/IB, NET/Socket, P2P, SHM...), network chosen, network "
+    "interfaces, ranks, channels and tree channels.",
+    (
+        LABEL_VERSION,
+        LABEL_TRANSPORT,
+        LABEL_NETWORK,
+        LABEL_INTERFACE,
+        LABEL_NRANKS,
+        LABEL_CHANNELS,
+        LABEL_TREES,
+        LABEL_COMM_ID,
+        LABEL_RANK,
+    ),
 )
 NCCL_LOG_ERRORS = _counter(
     "nccl_log_errors_total", "NCCL warnings and errors in debug logs, by kind.", (LABEL_KIND,)
@@ -239,6 +261,61 @@ NCCL_CONFIG_WARNINGS = _gauge(
     "nccl_config_warnings",
     "1 while a NCCL / TORCH_NCCL_* setting on this node fails the given check.",
     (LABEL_CHECK,),
+)
+GPU_UP = _gauge(
+    "gpu_up", "1 when this GPU answered the last scrape, 0 when it is lost.", GPU_LABELS
+)
+GPU_SM_CLOCK = _gauge("gpu_sm_clock_hertz", "GPU SM clock.", GPU_LABELS)
+GPU_MEMORY_CLOCK = _gauge("gpu_memory_clock_hertz", "GPU memory clock.", GPU_LABELS)
+GPU_REMAPPED_ROWS = _gauge(
+    "gpu_remapped_rows",
+    "Memory row remapping (kind: correctable|uncorrectable rows remapped, pending, failure).",
+    (*GPU_LABELS, LABEL_KIND),
+)
+GPU_PCIE_THROUGHPUT = _gauge(
+    "gpu_pcie_throughput_bytes_per_second",
+    "PCIe throughput over NVML's last 20 ms sample (direction: tx|rx).",
+    (*GPU_LABELS, LABEL_DIRECTION),
+)
+GPU_NVLINK_BYTES = _counter(
+    "gpu_nvlink_bytes_total",
+    "NVLink data bytes over all links (direction: tx|rx).",
+    (*GPU_LABELS, LABEL_DIRECTION),
+)
+GPU_PROCESS_INFO = _info(
+    "gpu_process_info",
+    "A process running on a GPU and its torchrun identity; join GPU series to rank series on "
+    "gpu or rank.",
+    (LABEL_GPU, LABEL_UUID, LABEL_PID, LABEL_JOB_ID, LABEL_RANK, LABEL_LOCAL_RANK),
+)
+NCCL_LOG_FILES = _gauge("nccl_log_files", "NCCL debug files being followed.")
+NCCL_LOG_BYTES = _counter("nccl_log_bytes_total", "Bytes read from NCCL debug files.")
+NCCL_LOG_LINES_DROPPED = _counter(
+    "nccl_log_lines_dropped_total",
+    "Lines of NCCL debug files skipped because they were longer than the line limit.",
+)
+NCCL_CONFIG_PROCESSES = _gauge(
+    "nccl_config_processes", "Training processes on this node whose environment was linted."
+)
+NCCL_CONFIG_CHECK_INFO = _info(
+    "nccl_config_check_info",
+    "Each NCCL configuration check and the page that explains its fix.",
+    (LABEL_CHECK, LABEL_RUNBOOK_URL),
+)
+EXPORTER_INFO = _info(
+    "exporter_info",
+    "The node exporter: its version and GPU provider (nvml, or simulated: made-up GPU values).",
+    (LABEL_PROVIDER, LABEL_VERSION),
+)
+EXPORTER_COLLECTOR_DURATION = _gauge(
+    "exporter_collector_duration_seconds",
+    "How long a collector took in the last scrape.",
+    (LABEL_COLLECTOR,),
+)
+EXPORTER_COLLECTOR_SUCCESS = _gauge(
+    "exporter_collector_success",
+    "1 when a collector succeeded in the last scrape, 0 when it failed.",
+    (LABEL_COLLECTOR,),
 )
 
 NODE_METRICS: tuple[MetricSpec, ...] = (
@@ -255,6 +332,21 @@ NODE_METRICS: tuple[MetricSpec, ...] = (
     NCCL_INFO,
     NCCL_LOG_ERRORS,
     NCCL_CONFIG_WARNINGS,
+    GPU_UP,
+    GPU_SM_CLOCK,
+    GPU_MEMORY_CLOCK,
+    GPU_REMAPPED_ROWS,
+    GPU_PCIE_THROUGHPUT,
+    GPU_NVLINK_BYTES,
+    GPU_PROCESS_INFO,
+    NCCL_LOG_FILES,
+    NCCL_LOG_BYTES,
+    NCCL_LOG_LINES_DROPPED,
+    NCCL_CONFIG_PROCESSES,
+    NCCL_CONFIG_CHECK_INFO,
+    EXPORTER_INFO,
+    EXPORTER_COLLECTOR_DURATION,
+    EXPORTER_COLLECTOR_SUCCESS,
 )
 
 
@@ -351,3 +443,139 @@ ENV_DUMP_DIR = "TRAINGUARD_DUMP_DIR"
 ENV_NODE = "TRAINGUARD_NODE"
 ENV_STALL_FLOOR = "TRAINGUARD_STALL_FLOOR_SECONDS"
 ENV_REMEDIATION_URL = "TRAINGUARD_REMEDIATION_URL"
+# The node exporter: TRAINGUARD_EXPORTER_COLLECTOR_<NAME>=0|1 switches a collector.
+ENV_EXPORTER_COLLECTOR_PREFIX = "TRAINGUARD_EXPORTER_COLLECTOR_"
+ENV_EXPORTER_LISTEN_ADDRESS = "TRAINGUARD_EXPORTER_LISTEN_ADDRESS"
+ENV_EXPORTER_NCCL_LOG_GLOB = "TRAINGUARD_EXPORTER_NCCL_LOG_GLOB"
+
+# --- Prometheus scrape jobs, recording rules and alert labels (alerts/, deploy/) -----------
+# Scrape job names of deploy/prometheus.yml; rules select on them (``up{job=...}``).
+SCRAPE_JOB_RANKS = "trainguard-ranks"
+SCRAPE_JOB_EXPORTER = "trainguard-exporter"
+SCRAPE_JOB_REMEDIATION = "trainguard-remediation"
+
+# Recording rules, named level:metric:operation (the level is the set of labels kept).
+REC_RANK_STEP_DURATION_MEAN = "rank:trainguard_step_duration_seconds:mean5m"
+REC_RANK_COMPUTE_MEAN = "rank:trainguard_step_compute_duration_seconds:mean5m"
+REC_RANK_SYNC_WAIT_MEAN = "rank:trainguard_sync_wait_duration_seconds:mean5m"
+REC_RANK_PHASE_MEAN = "rank_phase:trainguard_step_phase_duration_seconds:mean5m"
+REC_RANK_PHASE_COMPUTE_MEAN = "rank_phase:trainguard_step_compute_duration_seconds:mean5m"
+REC_JOB_COMPUTE_MEDIAN = "job:trainguard_step_compute_duration_seconds:median5m"
+REC_JOB_PHASE_COMPUTE_MEDIAN = "job_phase:trainguard_step_compute_duration_seconds:median5m"
+REC_RANK_COMPUTE_RATIO = "rank:trainguard_step_compute_duration_seconds:ratio_to_job_median5m"
+REC_RANK_PHASE_COMPUTE_EXCESS = (
+    "rank_phase:trainguard_step_compute_duration_seconds:excess_over_job_median5m"
+)
+REC_JOB_RANKS_REPORTING = "job:trainguard_step_compute_duration_seconds:ranks_reporting5m"
+REC_JOB_GRAD_SYNC_P50 = "job:trainguard_grad_sync_duration_seconds:p50_5m"
+REC_JOB_GRAD_SYNC_P99 = "job:trainguard_grad_sync_duration_seconds:p99_5m"
+REC_RANK_GRAD_SYNC_P99 = "rank:trainguard_grad_sync_duration_seconds:p99_5m"
+REC_JOB_STEP_DURATION_P99_1H = "job:trainguard_step_duration_seconds:p99_1h"
+REC_RANK_DATA_WAIT_RATIO = "rank:trainguard_step_phase_duration_seconds:data_ratio5m"
+REC_RANK_MEMORY_HEADROOM = "rank:trainguard_memory_reserved_bytes:headroom_ratio"
+REC_RANK_STEPS_RATE = "rank:trainguard_steps:rate5m"
+REC_JOB_STEPS_RATE = "job:trainguard_steps:rate5m"
+REC_JOB_OLDEST_INFLIGHT = "job:trainguard_collective_oldest_inflight_seconds:max"
+REC_JOB_STALL_THRESHOLD = "job:trainguard_collective_oldest_inflight_seconds:stall_threshold"
+REC_JOB_COLLECTIVE_LAGGARD = "job:trainguard_collectives_launched:laggard_rank"
+
+# Labels and annotations every alert carries.
+LABEL_SEVERITY = "severity"
+ANNOTATION_SUMMARY = "summary"
+ANNOTATION_DESCRIPTION = "description"
+ANNOTATION_RUNBOOK_URL = "runbook_url"
+
+
+class Severity(str, enum.Enum):
+    """``severity`` of an alert: critical pages a human, warning goes to chat and remediation."""
+
+    CRITICAL = "critical"
+    WARNING = "warning"
+
+
+# --- remediation service (emitted by trainguard.remediation) -------------------------------
+LABEL_SCHEDULER = "scheduler"  # alert label naming the job's scheduler: local|kubernetes|slurm
+LABEL_STATE = "state"
+LABEL_ACTION = "action"
+LABEL_EXECUTOR = "executor"
+LABEL_OUTCOME = "outcome"
+LABEL_STATUS = "status"
+
+REMEDIATION_ALERTS_RECEIVED = _counter(
+    "remediation_alerts_received_total",
+    "Alerts received from Alertmanager and durably stored, by status (firing|resolved).",
+    (LABEL_STATUS,),
+)
+REMEDIATION_ALERTS_DEDUPLICATED = _counter(
+    "remediation_alerts_deduplicated_total",
+    "Alerts received again with a (fingerprint, startsAt) already stored.",
+)
+REMEDIATION_WEBHOOK_REJECTED = _counter(
+    "remediation_webhook_rejected_total",
+    "Requests refused before storage (reason: unauthorized|too_large|invalid|unavailable).",
+    (LABEL_REASON,),
+)
+REMEDIATION_WEBHOOK_DURATION = _histogram(
+    "remediation_webhook_duration_seconds",
+    "Time from receiving a webhook to answering it, durable commit included.",
+)
+REMEDIATION_DECISIONS = _counter(
+    "remediation_decisions_total",
+    "Actions planned by the policy, by the state the guards put them in "
+    "(queued, awaiting_approval, dry_run, suppressed, skipped).",
+    (LABEL_ACTION, LABEL_STATE),
+)
+REMEDIATION_ACTIONS_EXECUTED = _counter(
+    "remediation_actions_executed_total",
+    "Actions carried out by an executor, by outcome (success|failure).",
+    (LABEL_ACTION, LABEL_EXECUTOR, LABEL_OUTCOME),
+)
+REMEDIATION_ACTION_DURATION = _histogram(
+    "remediation_action_duration_seconds",
+    "Time an executor took to carry out an action.",
+    (LABEL_EXECUTOR,),
+)
+REMEDIATION_ACTIONS = _gauge(
+    "remediation_actions",
+    "Actions in the store by state; queued + running is the executor queue depth.",
+    (LABEL_STATE,),
+)
+REMEDIATION_CIRCUIT_BREAKERS_OPEN = _gauge(
+    "remediation_circuit_breakers_open",
+    "Jobs (or nodes) whose action budget tripped a circuit breaker awaiting a manual reset.",
+)
+REMEDIATION_DIRECTIVE_ACKS = _counter(
+    "remediation_directive_acks_total",
+    "Directive acknowledgements from ranks, by outcome (success|failure).",
+    (LABEL_OUTCOME,),
+)
+REMEDIATION_DRY_RUN = _gauge(
+    "remediation_dry_run", "1 while the service only records decisions (dry-run mode)."
+)
+
+REMEDIATION_METRICS: tuple[MetricSpec, ...] = (
+    REMEDIATION_ALERTS_RECEIVED,
+    REMEDIATION_ALERTS_DEDUPLICATED,
+    REMEDIATION_WEBHOOK_REJECTED,
+    REMEDIATION_WEBHOOK_DURATION,
+    REMEDIATION_DECISIONS,
+    REMEDIATION_ACTIONS_EXECUTED,
+    REMEDIATION_ACTION_DURATION,
+    REMEDIATION_ACTIONS,
+    REMEDIATION_CIRCUIT_BREAKERS_OPEN,
+    REMEDIATION_DIRECTIVE_ACKS,
+    REMEDIATION_DRY_RUN,
+)
+# Read by the directive client of the training hook (the service reads the same variable).
+ENV_REMEDIATION_TOKEN = "TRAINGUARD_REMEDIATION_TOKEN"
+
+# --- logs (trainguard.logs; Filebeat and the direct Elasticsearch shipper) --------------------
+# ECS fields every trainguard log record carries besides the event fields above.
+FIELD_HOST_NAME = "host.name"
+FIELD_DATA_STREAM_TYPE = "data_stream.type"
+FIELD_DATA_STREAM_DATASET = "data_stream.dataset"
+FIELD_DATA_STREAM_NAMESPACE = "data_stream.namespace"
+# Logs land in the data streams logs-trainguard.<dataset>-<namespace>.
+LOG_DATA_STREAM_PREFIX = "logs-trainguard"
+# Where configure_logging writes its rotated NDJSON file when no path is given.
+ENV_LOG_FILE = "TRAINGUARD_LOG_FILE"

@@ -1,0 +1,149 @@
+"""Settings of the training hook, from keyword arguments or ``TRAINGUARD_*`` variables.
+
+One frozen dataclass holds every knob of :func:`trainguard.instrument`; the rank's identity
+(job id, rank, local rank, node) is resolved from torchrun's environment when not given, so the
+same code runs under torchrun, under another launcher or in a plain single process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainguard import contract
+
+DEFAULT_METRICS_PORT = 9400
+DEFAULT_STALL_FLOOR_SECONDS = 30.0
+DEFAULT_STALL_FACTOR = 10.0
+DEFAULT_WATCHDOG_INTERVAL_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this process is in the job; the values of the rank identity labels."""
+
+    job_id: str
+    rank: int
+    local_rank: int
+    world_size: int
+    node: str
+
+    def labels(self) -> dict[str, str]:
+        return {
+            contract.LABEL_JOB_ID: self.job_id,
+            contract.LABEL_RANK: str(self.rank),
+            contract.LABEL_LOCAL_RANK: str(self.local_rank),
+            contract.LABEL_NODE: self.node,
+        }
+
+
+@dataclass(frozen=True)
+class InstrumentationConfig:
+    """Everything :func:`trainguard.instrument` can be told; ``None`` means "from the environment".
+
+    Attributes:
+        job_id: names the job in every series, span and event. Default: ``TRAINGUARD_JOB_ID``,
+            else torchrun's ``TORCHELASTIC_RUN_ID``, else a random id (logged).
+        metrics_port: base port of this rank's ``/metrics``; the rank serves on base + local
+            rank and moves to the next free port if that one is taken. ``0`` picks any free
+            port, ``-1`` serves nothing (metrics stay in the registry). Default
+            ``TRAINGUARD_METRICS_PORT`` or 9400.
+        metrics_addr: address to bind; default ``TRAINGUARD_METRICS_ADDR`` or ``0.0.0.0``.
+        file_sd_dir: where to write this rank's Prometheus ``file_sd`` target file; default
+            ``TRAINGUARD_FILE_SD_DIR``; unset writes none.
+        dump_dir: where the watchdog writes Flight Recorder traces and stacks; default
+            ``TRAINGUARD_DUMP_DIR`` or ``./trainguard-dumps``.
+        per_bucket: also time every gradient bucket through a comm hook (costs a Python call
+            per bucket; the default reads DDP's own reducer timers instead).
+        runtime_stats_every: read DDP's reducer timers every N steps (1 = every step).
+        tracing: build OpenTelemetry spans; default on when an OTLP endpoint is configured
+            (``OTEL_EXPORTER_OTLP_ENDPOINT``) or a span exporter is passed in.
+        watchdog: run the collective watchdog thread.
+        oom_recovery: retry a step that ran out of memory split into micro-batches
+            (through :meth:`Instrumentation.guarded_step`).
+        stall_floor_seconds: the watchdog never calls a collective stalled before this age.
+        stall_factor: ... nor before this many times the slowest recent step.
+        watchdog_interval_seconds: how often the watchdog thread looks.
+        oom_split_max: with OOM recovery on, the most micro-batches a step may be split into.
+        start_step: the number of the first step (after resuming from a checkpoint), so trace
+            ids stay the same on every rank.
+    """
+
+    job_id: str | None = None
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    node: str | None = None
+    metrics_port: int | None = None
+    metrics_addr: str | None = None
+    file_sd_dir: Path | None = None
+    dump_dir: Path | None = None
+    per_bucket: bool = False
+    runtime_stats_every: int = 1
+    tracing: bool | None = None
+    stall_floor_seconds: float | None = None
+    stall_factor: float = DEFAULT_STALL_FACTOR
+    watchdog: bool = True
+    watchdog_interval_seconds: float = DEFAULT_WATCHDOG_INTERVAL_SECONDS
+    oom_recovery: bool = False
+    oom_split_max: int = 8
+    start_step: int = 0
+
+    def resolve_identity(self, world_size: int, rank: int | None) -> Identity:
+        env = os.environ
+        job_id = (
+            self.job_id
+            or env.get(contract.ENV_JOB_ID)
+            or env.get("TORCHELASTIC_RUN_ID")
+            or f"job-{uuid.uuid4().hex[:8]}"
+        )
+        resolved_rank = self.rank if self.rank is not None else rank
+        if resolved_rank is None:
+            resolved_rank = int(env.get("RANK", "0"))
+        local_rank = self.local_rank
+        if local_rank is None:
+            local_rank = int(env.get("LOCAL_RANK", "0"))
+        node = self.node or env.get(contract.ENV_NODE) or socket.gethostname()
+        return Identity(
+            job_id=job_id,
+            rank=resolved_rank,
+            local_rank=local_rank,
+            world_size=self.world_size or world_size,
+            node=node,
+        )
+
+    def resolved_metrics_port(self) -> int:
+        if self.metrics_port is not None:
+            return self.metrics_port
+        return int(os.environ.get(contract.ENV_METRICS_PORT, DEFAULT_METRICS_PORT))
+
+    def resolved_metrics_addr(self) -> str:
+        return self.metrics_addr or os.environ.get(contract.ENV_METRICS_ADDR, "0.0.0.0")
+
+    def resolved_file_sd_dir(self) -> Path | None:
+        if self.file_sd_dir is not None:
+            return self.file_sd_dir
+        value = os.environ.get(contract.ENV_FILE_SD_DIR)
+        return Path(value) if value else None
+
+    def resolved_dump_dir(self) -> Path:
+        if self.dump_dir is not None:
+            return self.dump_dir
+        return Path(os.environ.get(contract.ENV_DUMP_DIR, "trainguard-dumps"))
+
+    def resolved_stall_floor(self) -> float:
+        if self.stall_floor_seconds is not None:
+            return self.stall_floor_seconds
+        return float(os.environ.get(contract.ENV_STALL_FLOOR, DEFAULT_STALL_FLOOR_SECONDS))
+
+    def resolved_tracing(self) -> bool:
+        """Tracing is on when asked for, or when an OTLP endpoint is configured."""
+        if self.tracing is not None:
+            return self.tracing
+        return any(
+            os.environ.get(name)
+            for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        )

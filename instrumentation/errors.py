@@ -1,0 +1,75 @@
+"""Failure accounting for the hook: nothing inside instrumentation may crash or stall training.
+
+Every piece of instrumentation code that runs on behalf of training goes through
+:class:`ErrorBudget`: a failure is caught, counted in
+``trainguard_instrumentation_errors_total{component}`` and logged once per
+(component, exception type), so a broken exporter cannot flood the training log either.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
+
+from prometheus_client import Counter
+
+from trainguard import contract
+
+logger = logging.getLogger("trainguard.instrumentation")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class ErrorBudget:
+    """Catches, counts and logs-once the failures of one instrumentation instance."""
+
+    def __init__(self, counter: Counter, identity: dict[str, str]) -> None:
+        self._counter = counter
+        self._identity = identity
+        self._logged: set[tuple[str, type[BaseException]]] = set()
+        self._lock = threading.Lock()
+
+    def record(self, component: str, error: BaseException) -> None:
+        """Count ``error`` against ``component``; log it the first time this kind is seen."""
+        try:
+            self._counter.labels(**self._identity, component=component).inc()
+            key = (component, type(error))
+            with self._lock:
+                first = key not in self._logged
+                self._logged.add(key)
+            if first:
+                logger.warning(
+                    "trainguard %s failed (training continues; further %s errors are only "
+                    "counted in %s): %r",
+                    component,
+                    type(error).__name__,
+                    contract.INSTRUMENTATION_ERRORS.name,
+                    error,
+                    exc_info=error,
+                )
+        except Exception:
+            return
+
+    @contextmanager
+    def guard(self, component: str) -> Iterator[None]:
+        """Run a block; a failure inside it is recorded instead of raised."""
+        try:
+            yield
+        except Exception as error:
+            self.record(component, error)
+
+    def wrap(self, component: str, func: Callable[P, R], default: R) -> Callable[P, R]:
+        """``func`` that returns ``default`` instead of raising."""
+
+        def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return func(*args, **kwargs)
+            except Exception as error:
+                self.record(component, error)
+                return default
+
+        return guarded

@@ -1,0 +1,569 @@
+"""``trainguard.instrument``: the hook on a training rank.
+
+What runs on the training thread is kept to clock reads and attribute stores: a wrapper around
+the model's ``forward`` and the optimizer's ``step`` record when each step's phases begin and
+end, and hand one record per step to the worker thread, which does everything else (metrics,
+DDP's reducer timers, memory, spans). A watchdog thread watches for stalled collectives.
+Everything is undone by :meth:`Instrumentation.uninstrument`, and nothing inside may crash or
+stall training (see :mod:`.errors`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+from prometheus_client import CollectorRegistry
+from torch.nn.parallel import DistributedDataParallel
+
+from trainguard import contract
+from trainguard.events import log_event
+
+from . import flight_recorder, tracing
+from .comm_hook import BucketTimer, CommHook
+from .config import Identity, InstrumentationConfig
+from .errors import ErrorBudget
+from .memory import MemorySampler
+from .metrics import CollectiveProgressCollector, RankMetrics
+from .oom import batch_size, memory_summary, split_batch
+from .records import StepRecord
+from .reducer import reducer_stats_supported
+from .server import MetricsEndpoint, advertised_host, serve_metrics, write_file_sd
+from .watchdog import CollectiveWatchdog, StepClock
+from .worker import StepWorker, log_oom
+
+logger = logging.getLogger("trainguard.instrumentation")
+
+T = TypeVar("T")
+
+# torch's default DDP runtime-stats sample rate, restored on uninstrument.
+DDP_DEFAULT_SAMPLE_RATE = 100
+_ATTACHED = "_trainguard_instrumentation"
+_BUCKET_TIMER = "_trainguard_bucket_timer"
+
+
+def _default_store() -> Any | None:
+    """The job's c10d store, used to tell peers to dump when one rank sees a stall."""
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store()
+    except Exception:
+        return None
+
+
+class Instrumentation:
+    """The handle :func:`instrument` returns; :meth:`uninstrument` undoes everything."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        config: InstrumentationConfig,
+        *,
+        registry: CollectorRegistry | None,
+        span_exporter: SpanExporter | None,
+        comm_hook: CommHook | None,
+        comm_hook_state: Any,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.config = config
+        distributed = dist.is_available() and dist.is_initialized()
+        self.backend = str(dist.get_backend()) if distributed else "none"
+        self.identity: Identity = config.resolve_identity(
+            world_size=dist.get_world_size() if distributed else 1,
+            rank=dist.get_rank() if distributed else None,
+        )
+        labels = self.identity.labels()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = RankMetrics(self.registry, labels)
+        self.errors = ErrorBudget(self.metrics.instrumentation_errors, labels)
+        self.ddp = model if isinstance(model, DistributedDataParallel) else None
+        self.device = self._device_of(model)
+        self.metrics.rank_info.info(
+            {
+                contract.LABEL_BACKEND: self.backend,
+                "world_size": str(self.identity.world_size),
+                "device": str(self.device),
+            }
+        )
+
+        self._active = False
+        self._lock = threading.Lock()
+        self._comm_hook = comm_hook
+        self._comm_hook_state = comm_hook_state
+        self._span_exporter = span_exporter
+        self._bucket_timer: BucketTimer | None = None
+        self._tracer_provider: TracerProvider | None = None
+        self._endpoint: MetricsEndpoint | None = None
+        self._watchdog: CollectiveWatchdog | None = None
+        self._wrapped_forward_ref: Callable[..., Any] | None = None
+        self._wrapped_step_ref: Callable[..., Any] | None = None
+        self._split = 1
+        self._ooms_reported = 0
+        self._worker: StepWorker | None = None
+        self._poke_handle: torch.utils.hooks.RemovableHandle | None = None
+
+        # Training-thread state of the step in progress (perf_counter_ns; 0 = none).
+        self.clock = StepClock(step=config.start_step)
+        self._forward_start = 0
+        self._forward_end = 0
+        self._forward_ns = 0
+        self._data_ns = 0
+        self._previous_end = 0
+
+    # -- public -------------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    @property
+    def step(self) -> int:
+        """The number of the step in progress (or the next one)."""
+        return self.clock.step
+
+    def set_step(self, step: int) -> None:
+        """Continue numbering from ``step`` (after resuming from a checkpoint), so trace ids
+        stay consistent across ranks and restarts."""
+        self.clock.step = step
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self._endpoint.port if self._endpoint is not None else None
+
+    @property
+    def watchdog(self) -> CollectiveWatchdog | None:
+        return self._watchdog
+
+    def trace_id(self, step: int) -> str:
+        """The trace id (hex) of ``step``: the same on every rank."""
+        return tracing.format_trace_id(tracing.trace_id_for(self.identity.job_id, step))
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every finished step is in the metrics (and its spans queued)."""
+        return self._worker.flush(timeout) if self._worker is not None else True
+
+    def force_flush_spans(self, timeout_millis: int = 10_000) -> bool:
+        self.flush()
+        if self._tracer_provider is None:
+            return True
+        return self._tracer_provider.force_flush(timeout_millis)
+
+    def wrap_dataloader(self, loader: Iterable[T]) -> Iterator[T]:
+        """Iterate ``loader``, timing each fetch as the step's data wait.
+
+        Without it, the data wait is the gap between one step's end and the next forward.
+        """
+        iterator = iter(loader)
+        while True:
+            start = time.perf_counter_ns()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            self._data_ns += time.perf_counter_ns() - start
+            yield item
+
+    def uninstrument(self) -> None:
+        """Undo every wrap, stop the threads and the server; safe to call more than once."""
+        with self._lock:
+            if not self._active:
+                return
+            self._active = False
+        model_state = self.model.__dict__
+        if model_state.get("forward") is self._wrapped_forward_ref:
+            del model_state["forward"]
+        if self.optimizer is not None and (
+            self.optimizer.__dict__.get("step") is self._wrapped_step_ref
+        ):
+            del self.optimizer.__dict__["step"]
+        if self._poke_handle is not None:
+            self._poke_handle.remove()
+            self._poke_handle = None
+        if self._bucket_timer is not None:
+            self._bucket_timer.active = False
+        if self.ddp is not None and reducer_stats_supported(self.ddp):
+            with self.errors.guard("reducer_stats"):
+                self.ddp._set_ddp_runtime_logging_sample_rate(DDP_DEFAULT_SAMPLE_RATE)
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        if self._worker is not None:
+            self._worker.stop()
+        if self._tracer_provider is not None:
+            with self.errors.guard("tracing"):
+                self._tracer_provider.shutdown()
+        if self._endpoint is not None:
+            with self.errors.guard("metrics_server"):
+                self._endpoint.close()
+            self._endpoint = None
+        if self.model.__dict__.get(_ATTACHED) is self:
+            del self.model.__dict__[_ATTACHED]
+        log_event(
+            "trainguard instrumentation removed",
+            contract.EventKind.UNINSTRUMENTED,
+            level=logging.INFO,
+            job_id=self.identity.job_id,
+            rank=self.identity.rank,
+            node=self.identity.node,
+            outcome=contract.EventOutcome.SUCCESS,
+        )
+
+    def guarded_step(
+        self,
+        batch: Any,
+        loss_fn: Callable[[Any], torch.Tensor],
+        *,
+        loss_is_mean: bool = True,
+    ) -> torch.Tensor:
+        """Forward and backward of one step, recovering from OOM by splitting (see :mod:`.oom`).
+
+        ``loss_fn(micro_batch)`` runs the model and returns the loss. Gradients must be zero
+        (or ``None``) on entry; the caller still calls ``optimizer.step()``. Without
+        ``oom_recovery`` in the config an OOM is reported and re-raised. Returns the step's
+        loss (detached).
+        """
+        total = batch_size(batch)
+        if total == 0:
+            raise ValueError("guarded_step needs a batch with a tensor that has a batch dim")
+        while True:
+            micro_batches = split_batch(batch, self._split)
+            failed: BaseException | None = None
+            loss_sum = torch.zeros((), device=self.device)
+            ready: torch.Tensor | None = None
+            for index, micro in enumerate(micro_batches):
+                last = index == len(micro_batches) - 1
+                sync = contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()
+                with sync:
+                    try:
+                        weight = batch_size(micro) / total if loss_is_mean else 1.0
+                        loss = loss_fn(micro) * weight
+                        if not last:
+                            loss.backward()
+                            loss_sum += loss.detach()
+                            del loss
+                        else:
+                            ready = loss
+                    except torch.OutOfMemoryError as error:
+                        failed = error
+                        break
+            if not self.config.oom_recovery:
+                if failed is not None:
+                    raise failed
+                assert ready is not None
+                ready.backward()
+                return loss_sum + ready.detach()
+            if self._any_rank_failed(failed is not None):
+                ready = None
+                self._abandon_attempt()
+                if self._split >= self.config.oom_split_max:
+                    raise failed or torch.OutOfMemoryError(
+                        f"a peer ran out of memory with {self._split} micro-batches"
+                    )
+                self._split = min(self.config.oom_split_max, self._split * 2)
+                logger.warning("trainguard: retrying the step in %d micro-batches", self._split)
+                continue
+            assert ready is not None
+            ready.backward()
+            if self._split > 1:
+                self.metrics.oom_recoveries.inc()
+            return loss_sum + ready.detach()
+
+    # -- installation -------------------------------------------------------------------------
+    @staticmethod
+    def _device_of(model: torch.nn.Module) -> torch.device:
+        for parameter in model.parameters():
+            return parameter.device
+        return torch.device("cpu")
+
+    def _install(self) -> None:
+        cfg = self.config
+        if self.ddp is not None and cfg.per_bucket:
+            self._install_bucket_timer(self.ddp)
+        elif self._comm_hook is not None:
+            raise ValueError("comm_hook is only composed in per_bucket mode on a DDP model")
+        read_reducer = None
+        if self.ddp is not None and reducer_stats_supported(self.ddp):
+            self.ddp._set_ddp_runtime_logging_sample_rate(max(1, cfg.runtime_stats_every))
+            read_reducer = self.ddp._get_ddp_logging_data
+        elif self.ddp is not None:
+            logger.warning(
+                "trainguard: this torch's DDP has no runtime timers; compute time falls back "
+                "to wall-clock phases, which include waiting on peers"
+            )
+        ids = None
+        if self._span_exporter is not None or cfg.resolved_tracing():
+            with self.errors.guard("tracing"):
+                exporter = self._span_exporter or tracing.default_exporter()
+                self._tracer_provider, ids = tracing.build_provider(
+                    {
+                        contract.ATTR_JOB_ID: self.identity.job_id,
+                        contract.ATTR_RANK: self.identity.rank,
+                        contract.ATTR_NODE: self.identity.node,
+                    },
+                    exporter,
+                    self.metrics.spans_dropped,
+                )
+        memory = None
+        with self.errors.guard("memory"):
+            memory = MemorySampler(self.device)
+        self._worker = StepWorker(
+            identity=self.identity,
+            metrics=self.metrics,
+            errors=self.errors,
+            memory=memory,
+            read_reducer=read_reducer,
+            tracer_provider=self._tracer_provider,
+            ids=ids,
+            backend=self.backend,
+            on_allocator_oom=self._on_allocator_oom,
+        )
+        self._worker.start()
+        if read_reducer is not None and self.ddp is not None:
+            # DDP publishes the previous iteration's timers just before it calls the wrapped
+            # module, so a pre-hook there gives the worker a whole step to read them.
+            poke = self._worker.poke
+            self._poke_handle = self.ddp.module.register_forward_pre_hook(
+                lambda _module, _args: poke()
+            )
+        self.registry.register(
+            CollectiveProgressCollector(
+                self.identity.labels(),
+                self._collective_progress,
+                lambda error: self.errors.record("collective_progress", error),
+            )
+        )
+        distributed = self.backend != "none"
+        if cfg.watchdog and distributed and flight_recorder.flight_recorder_available():
+            self._watchdog = CollectiveWatchdog(
+                identity=self.identity,
+                metrics=self.metrics,
+                errors=self.errors,
+                clock=self.clock,
+                dump_dir=cfg.resolved_dump_dir(),
+                stall_floor_seconds=cfg.resolved_stall_floor(),
+                stall_factor=cfg.stall_factor,
+                interval_seconds=cfg.watchdog_interval_seconds,
+                store=_default_store(),
+            )
+            self._watchdog.start()
+        self._wrap_forward()
+        if self.optimizer is not None:
+            self._wrap_step(self.optimizer)
+        self._active = True
+        self._serve()
+        log_event(
+            f"trainguard instrumentation active (job {self.identity.job_id}, rank "
+            f"{self.identity.rank}/{self.identity.world_size}, /metrics port {self.metrics_port})",
+            contract.EventKind.INSTRUMENTED,
+            level=logging.INFO,
+            job_id=self.identity.job_id,
+            rank=self.identity.rank,
+            node=self.identity.node,
+            outcome=contract.EventOutcome.SUCCESS,
+            details={"per_bucket": cfg.per_bucket, "tracing": self._tracer_provider is not None},
+        )
+
+    def _install_bucket_timer(self, ddp: DistributedDataParallel) -> None:
+        existing = ddp.__dict__.get(_BUCKET_TIMER)
+        if isinstance(existing, BucketTimer):
+            # DDP cannot unregister a comm hook: a previous instrumentation's timer is reused.
+            existing.active = True
+            self._bucket_timer = existing
+            return
+        if getattr(ddp, "_comm_hooks", None):
+            raise ValueError(
+                "this DDP model already has a comm hook and DDP accepts only one; pass it to "
+                "instrument(..., comm_hook=...) instead of registering it, and trainguard "
+                "composes it with the per-bucket timer"
+            )
+        timer = BucketTimer(self.errors, self._comm_hook, self._comm_hook_state, ddp.process_group)
+        ddp.register_comm_hook(None, timer.hook)
+        ddp.__dict__[_BUCKET_TIMER] = timer
+        self._bucket_timer = timer
+
+    def _serve(self) -> None:
+        port = self.config.resolved_metrics_port()
+        if port < 0:
+            return
+        addr = self.config.resolved_metrics_addr()
+        with self.errors.guard("metrics_server"):
+            base = port + self.identity.local_rank if port else 0
+            self._endpoint = serve_metrics(self.registry, addr, base)
+        sd_dir = self.config.resolved_file_sd_dir()
+        if self._endpoint is not None and sd_dir is not None:
+            with self.errors.guard("file_sd"):
+                self._endpoint.file_sd_path = write_file_sd(
+                    sd_dir,
+                    f"{self.identity.job_id}-rank{self.identity.rank}",
+                    f"{advertised_host(addr)}:{self._endpoint.port}",
+                    self.identity.labels(),
+                )
+
+    def _collective_progress(self) -> tuple[int, int] | None:
+        if self.backend != "none" and flight_recorder.flight_recorder_available():
+            progress = flight_recorder.collective_progress(
+                flight_recorder.read_state(only_active=True, include_collectives=False)
+            )
+            if progress is not None:
+                return progress
+        if self._worker is None or self.ddp is None:
+            return None
+        synced = self._worker.buckets_synced
+        return synced, synced
+
+    # -- training-thread wrappers -------------------------------------------------------------
+    def _wrap_forward(self) -> None:
+        original = self.model.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not self._active or not torch.is_grad_enabled():
+                return original(*args, **kwargs)
+            start = time.perf_counter_ns()
+            if self._forward_start == 0 or self.optimizer is None:
+                self._begin_step(start)
+            try:
+                output = original(*args, **kwargs)
+            except torch.OutOfMemoryError as error:
+                self._on_oom("forward", error)
+                raise
+            end = time.perf_counter_ns()
+            self._forward_ns += end - start
+            self._forward_end = end
+            return output
+
+        self._wrapped_forward_ref = forward
+        self.model.__dict__["forward"] = forward
+
+    def _wrap_step(self, optimizer: torch.optim.Optimizer) -> None:
+        original = optimizer.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if not self._active or self._forward_start == 0:
+                return original(*args, **kwargs)
+            start = time.perf_counter_ns()
+            try:
+                result = original(*args, **kwargs)
+            except torch.OutOfMemoryError as error:
+                self._on_oom("optimizer", error)
+                raise
+            self._end_step(start, time.perf_counter_ns())
+            return result
+
+        self._wrapped_step_ref = step
+        optimizer.__dict__["step"] = step
+
+    def _begin_step(self, now: int) -> None:
+        if self.optimizer is None and self._forward_end:
+            # Without an optimizer to mark the end, a step ends where the next one begins.
+            self._end_step(now, now)
+        self._forward_start = now
+        if not self._previous_end:
+            self._previous_end = now - self._data_ns
+        self.clock.started_ns = self._previous_end
+
+    def _end_step(self, optimizer_start: int, end: int) -> None:
+        data_wait = self._data_ns or max(0, self._forward_start - self._previous_end)
+        record = StepRecord(
+            step=self.clock.step,
+            start_ns=self._previous_end,
+            forward_start_ns=self._forward_start,
+            forward_end_ns=self._forward_end,
+            forward_ns=self._forward_ns,
+            optimizer_start_ns=optimizer_start,
+            end_ns=end,
+            data_wait_ns=data_wait,
+            buckets=self._bucket_timer.take() if self._bucket_timer is not None else [],
+        )
+        self.clock.recent.append((end - self._previous_end) / 1e9)
+        self.clock.started_ns = 0
+        self.clock.step += 1
+        self._previous_end = end
+        self._forward_start = self._forward_end = self._forward_ns = self._data_ns = 0
+        if self._worker is not None:
+            try:
+                self._worker.submit(record)
+            except Exception as error:
+                self.errors.record("worker", error)
+
+    # -- OOM ------------------------------------------------------------------------------------
+    def _on_oom(self, where: str, error: BaseException | None) -> None:
+        with self.errors.guard("oom_guard"):
+            self._ooms_reported += 1
+            self.metrics.oom_events.inc()
+            log_oom(self.identity, self.clock.step, where, memory_summary(self.device), error)
+
+    def _on_allocator_oom(self, count: int) -> None:
+        """The CUDA allocator saw ``count`` new OOMs; report those no wrapper reported."""
+        unreported = count - self._ooms_reported
+        self._ooms_reported = max(0, self._ooms_reported - count)
+        for _ in range(max(0, unreported)):
+            self._on_oom("backward", None)
+
+    def _abandon_attempt(self) -> None:
+        """Forget a failed attempt on every rank: its gradients and DDP's expectation of a
+        backward for the synchronising forward that some ranks ran."""
+        self.model.zero_grad(set_to_none=True)
+        if self.ddp is not None:
+            # torch's own reset for "forward can run despite previous backward not
+            # succeeding"; it also makes every rank rebuild its buckets, in lockstep.
+            self.ddp.reducer._reset_state()
+
+    def _any_rank_failed(self, failed: bool) -> bool:
+        if self.backend == "none" or self.identity.world_size <= 1:
+            return failed
+        flag = torch.tensor([1.0 if failed else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+
+def instrument(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    job_id: str | None = None,
+    config: InstrumentationConfig | None = None,
+    registry: CollectorRegistry | None = None,
+    span_exporter: SpanExporter | None = None,
+    comm_hook: CommHook | None = None,
+    comm_hook_state: Any = None,
+    **settings: Any,
+) -> Instrumentation:
+    """Instrument ``model`` (a plain module or ``DistributedDataParallel``) and ``optimizer``.
+
+    Returns the handle; calling it again on an instrumented model returns the same handle.
+    ``settings`` are fields of :class:`InstrumentationConfig` (``per_bucket=True``, ...).
+    ``registry`` receives the metrics (a fresh one by default, served on ``/metrics``);
+    ``span_exporter`` receives the spans (OTLP from ``OTEL_EXPORTER_OTLP_*`` by default).
+    """
+    existing = model.__dict__.get(_ATTACHED)
+    if isinstance(existing, Instrumentation) and existing.active:
+        return existing
+    base = config or InstrumentationConfig()
+    if job_id is not None:
+        settings["job_id"] = job_id
+    try:
+        resolved = replace(base, **settings)
+    except TypeError as error:
+        raise TypeError(f"instrument(): unknown setting ({error})") from None
+    handle = Instrumentation(
+        model,
+        optimizer,
+        resolved,
+        registry=registry,
+        span_exporter=span_exporter,
+        comm_hook=comm_hook,
+        comm_hook_state=comm_hook_state,
+    )
+    handle._install()
+    model.__dict__[_ATTACHED] = handle
+    return handle

@@ -1,0 +1,139 @@
+"""The rank's Prometheus metrics, created from the contract on a registry that is passed in.
+
+Children are bound to the rank's identity labels once, at creation, so an observation on the
+hot path is a single method call with no label lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from trainguard import contract
+from trainguard.contract import MetricSpec
+
+# Step-level buckets: 1 ms .. ~5 min. Gradient syncs and phases fall in the same range.
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+)  # fmt: skip
+
+
+def _labelnames(spec: MetricSpec) -> tuple[str, ...]:
+    return contract.RANK_IDENTITY_LABELS + spec.labels
+
+
+class RankMetrics:
+    """Every metric a training rank exports, bound to that rank's identity."""
+
+    def __init__(self, registry: CollectorRegistry, identity: dict[str, str]) -> None:
+        self.registry = registry
+        self.identity = identity
+
+        def counter(spec: MetricSpec) -> Counter:
+            return Counter(
+                spec.client_name, spec.documentation, _labelnames(spec), registry=registry
+            )
+
+        def gauge(spec: MetricSpec) -> Gauge:
+            return Gauge(spec.client_name, spec.documentation, _labelnames(spec), registry=registry)
+
+        def histogram(spec: MetricSpec) -> Histogram:
+            return Histogram(
+                spec.client_name,
+                spec.documentation,
+                _labelnames(spec),
+                registry=registry,
+                buckets=DURATION_BUCKETS,
+            )
+
+        self.instrumentation_errors = counter(contract.INSTRUMENTATION_ERRORS)
+        self.steps = counter(contract.STEPS).labels(**identity)
+        self.step_duration = histogram(contract.STEP_DURATION).labels(**identity)
+        phases = histogram(contract.STEP_PHASE_DURATION)
+        self.phase_duration = {
+            phase: phases.labels(**identity, **{contract.LABEL_PHASE: phase.value})
+            for phase in contract.Phase
+        }
+        self.compute_duration = histogram(contract.STEP_COMPUTE_DURATION).labels(**identity)
+        self.sync_wait_duration = histogram(contract.SYNC_WAIT_DURATION).labels(**identity)
+        self.last_step_timestamp = gauge(contract.LAST_STEP_TIMESTAMP).labels(**identity)
+        self.grad_sync_duration = histogram(contract.GRAD_SYNC_DURATION).labels(**identity)
+        self.grad_sync_bytes = counter(contract.GRAD_SYNC_BYTES).labels(**identity)
+        self.collective_inflight = gauge(contract.COLLECTIVE_INFLIGHT).labels(**identity)
+        self.collective_oldest_inflight = gauge(contract.COLLECTIVE_OLDEST_INFLIGHT).labels(
+            **identity
+        )
+        self.collective_timeouts = counter(contract.COLLECTIVE_TIMEOUTS).labels(**identity)
+        self.collective_stalls = counter(contract.COLLECTIVE_STALLS).labels(**identity)
+        self.memory_allocated = gauge(contract.MEMORY_ALLOCATED).labels(**identity)
+        self.memory_reserved = gauge(contract.MEMORY_RESERVED).labels(**identity)
+        self.memory_capacity = gauge(contract.MEMORY_CAPACITY).labels(**identity)
+        self.memory_fragmentation = gauge(contract.MEMORY_FRAGMENTATION).labels(**identity)
+        self.memory_alloc_retries = counter(contract.MEMORY_ALLOC_RETRIES).labels(**identity)
+        self.oom_events = counter(contract.OOM_EVENTS).labels(**identity)
+        self.oom_recoveries = counter(contract.OOM_RECOVERIES).labels(**identity)
+        self.spans_dropped = counter(contract.SPANS_DROPPED).labels(**identity)
+        self.rank_info = Info(
+            contract.RANK_INFO.client_name,
+            contract.RANK_INFO.documentation,
+            contract.RANK_IDENTITY_LABELS,
+            registry=registry,
+        ).labels(**identity)
+
+
+CollectiveProgress = Callable[[], "tuple[int, int] | None"]
+
+
+class CollectiveProgressCollector(Collector):
+    """``collectives_launched_total`` / ``collectives_completed_total``, read at scrape time.
+
+    The numbers are the rank's collective sequence numbers as torch's Flight Recorder keeps
+    them (``pg_status``), so nothing is counted on the training thread. ``read`` returns
+    ``(launched, completed)`` or ``None`` when unknown; a failing read yields no samples
+    and is counted, it never fails the scrape.
+    """
+
+    def __init__(
+        self,
+        identity: dict[str, str],
+        read: CollectiveProgress,
+        on_error: Callable[[BaseException], None],
+    ) -> None:
+        self._identity = identity
+        self._read = read
+        self._on_error = on_error
+
+    def _families(self) -> tuple[CounterMetricFamily, CounterMetricFamily]:
+        labels = list(self._identity)
+        return (
+            CounterMetricFamily(
+                contract.COLLECTIVES_LAUNCHED.client_name,
+                contract.COLLECTIVES_LAUNCHED.documentation,
+                labels=labels,
+            ),
+            CounterMetricFamily(
+                contract.COLLECTIVES_COMPLETED.client_name,
+                contract.COLLECTIVES_COMPLETED.documentation,
+                labels=labels,
+            ),
+        )
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def collect(self) -> Iterable[Metric]:
+        launched, completed = self._families()
+        try:
+            progress = self._read()
+        except Exception as error:
+            self._on_error(error)
+            progress = None
+        if progress is not None:
+            values = list(self._identity.values())
+            launched.add_metric(values, progress[0])
+            completed.add_metric(values, progress[1])
+        return (launched, completed)

@@ -1,0 +1,49 @@
+"""What the training thread hands to the worker: raw timestamps, nothing computed.
+
+The training thread only reads clocks and appends; turning timestamps into histograms,
+spans and events happens on the worker thread (see :mod:`.worker`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class BucketTiming:
+    """One gradient bucket's sync, measured by the per-bucket comm hook."""
+
+    index: int
+    nbytes: int
+    start_ns: int  # perf_counter_ns on CPU; 0 when timed with CUDA events
+    end_ns: int
+    cuda_events: tuple[object, object] | None = None  # (start, end) torch.cuda.Event
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """Timestamps (``time.perf_counter_ns``) of one training step on one rank."""
+
+    step: int
+    start_ns: int  # end of the previous step (or start of the data wait)
+    forward_start_ns: int
+    forward_end_ns: int
+    forward_ns: int  # sum over the step's forward calls (gradient accumulation)
+    optimizer_start_ns: int
+    end_ns: int
+    data_wait_ns: int
+    buckets: list[BucketTiming] = field(default_factory=list)
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def backward_ns(self) -> int:
+        """Everything between the first forward and the optimizer that is not forward: the
+        backward passes (and the loss) of every micro-batch, including the gradient sync."""
+        return max(0, self.optimizer_start_ns - self.forward_start_ns - self.forward_ns)
+
+    @property
+    def optimizer_ns(self) -> int:
+        return max(0, self.end_ns - self.optimizer_start_ns)

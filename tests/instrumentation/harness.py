@@ -1,0 +1,77 @@
+"""Run a scenario function on N real gloo ranks (separate processes) and collect results.
+
+Each scenario runs as ``fn(rank, world_size, out_dir, **kwargs)`` in a spawned process with
+the process group initialised; it writes ``rank<N>.json`` into ``out_dir`` and the harness
+returns them in rank order.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch.multiprocessing.spawn import start_processes
+
+Scenario = Callable[..., dict[str, Any]]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _entry(
+    rank: int,
+    world_size: int,
+    port: int,
+    scenario: Scenario,
+    out_dir: str,
+    env: dict[str, str],
+    kwargs: dict[str, Any],
+) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(env)
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+        }
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
+    )
+    try:
+        result = scenario(rank, world_size, Path(out_dir), **kwargs)
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(
+    scenario: Scenario,
+    world_size: int,
+    out_dir: Path,
+    env: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start_processes(
+        _entry,
+        args=(world_size, free_port(), scenario, str(out_dir), env or {}, kwargs),
+        nprocs=world_size,
+        join=True,
+        start_method="spawn",
+    )
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world_size)]

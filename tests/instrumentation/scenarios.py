@@ -1,0 +1,312 @@
+"""Training scenarios run on real gloo ranks by the instrumentation tests.
+
+Compute is simulated with ``time.sleep`` inside ``forward`` where a test needs controlled
+timing (a straggler, a hang): these machines have 2 cores shared by up to 4 ranks, so real
+arithmetic would time the scheduler rather than the rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+from prometheus_client.openmetrics.exposition import generate_latest
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import trainguard
+from trainguard import contract
+from trainguard.events import EVENTS_LOGGER
+from trainguard.instrumentation import flight_recorder
+
+# Four 256x256 layers with a 0.25 MB bucket cap: several gradient buckets per step.
+WIDTH = 256
+BUCKET_CAP_MB = 0.25
+
+
+class Net(nn.Module):
+    def __init__(self, delay: float = 0.0, oom_above: int | None = None) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(4)])
+        self.delay = delay  # seconds of simulated compute in forward
+        self.oom_above = oom_above  # batch sizes above this "run out of memory"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.oom_above is not None and x.shape[0] > self.oom_above:
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {x.shape[0]} MiB (simulated)"
+            )
+        if self.delay:
+            time.sleep(self.delay)
+        out: torch.Tensor = self.layers(x)
+        return out
+
+
+def make_ddp(seed: int = 0, **kwargs: Any) -> DistributedDataParallel:
+    torch.manual_seed(seed)
+    return DistributedDataParallel(Net(**kwargs), bucket_cap_mb=BUCKET_CAP_MB)
+
+
+def batch(step: int, rank: int, size: int = 16) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(size, WIDTH, generator=generator)
+
+
+def loss_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = model(x).square().mean()
+    return out
+
+
+def train(
+    model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, rank: int, first: int = 0
+) -> None:
+    for step in range(first, first + steps):
+        optimizer.zero_grad()
+        loss_of(model, batch(step, rank)).backward()
+        optimizer.step()
+
+
+def publish_last_timers(model: nn.Module, rank: int) -> None:
+    """DDP publishes an iteration's reducer timers at the next forward: run one."""
+    model(batch(0, rank)).sum()
+
+
+def span_rows(exporter: InMemorySpanExporter) -> list[dict[str, Any]]:
+    rows = []
+    for span in exporter.get_finished_spans():
+        ctx = span.get_span_context()
+        assert ctx is not None
+        rows.append(
+            {
+                "name": span.name,
+                "trace_id": f"{ctx.trace_id:032x}",
+                "span_id": f"{ctx.span_id:016x}",
+                "parent_id": f"{span.parent.span_id:016x}" if span.parent else None,
+                "attributes": dict(span.attributes or {}),
+            }
+        )
+    return rows
+
+
+def labels_of(handle: trainguard.Instrumentation) -> dict[str, str]:
+    return handle.identity.labels()
+
+
+def value(registry: CollectorRegistry, name: str, labels: dict[str, str]) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def spans_and_metrics(
+    rank: int, world: int, out: Path, per_bucket: bool, steps: int
+) -> dict[str, Any]:
+    """Train with spans captured in memory; report spans, exposition and histogram counts."""
+    model = make_ddp(delay=0.02)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    exporter = InMemorySpanExporter()
+    registry = CollectorRegistry()
+    handle = trainguard.instrument(
+        model,
+        optimizer,
+        job_id="job-spans",
+        registry=registry,
+        span_exporter=exporter,
+        per_bucket=per_bucket,
+        metrics_port=-1,
+    )
+    train(model, optimizer, steps, rank)
+    publish_last_timers(model, rank)
+    handle.force_flush_spans()
+    buckets = len(model._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
+    labels = labels_of(handle)
+    result = {
+        "buckets": buckets,
+        "exposition": generate_latest(registry).decode(),
+        "grad_sync_count": value(registry, "trainguard_grad_sync_duration_seconds_count", labels),
+        "compute_count": value(registry, "trainguard_step_compute_duration_seconds_count", labels),
+        "steps": value(registry, "trainguard_steps_total", labels),
+    }
+    handle.uninstrument()
+    result["spans"] = span_rows(exporter)
+    return result
+
+
+def straggler(rank: int, world: int, out: Path, slow_rank: int, steps: int) -> dict[str, Any]:
+    """Every rank "computes" 40 ms per forward; ``slow_rank`` 1.6x as long."""
+    base = 0.04
+    model = make_ddp(delay=base * 1.6 if rank == slow_rank else base)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    registry = CollectorRegistry()
+    handle = trainguard.instrument(
+        model, optimizer, job_id="job-straggler", registry=registry, metrics_port=-1
+    )
+    labels = labels_of(handle)
+
+    def totals() -> dict[str, float]:
+        handle.flush()
+        return {
+            name: value(registry, name, labels)
+            for name in (
+                "trainguard_step_duration_seconds_sum",
+                "trainguard_step_duration_seconds_count",
+                "trainguard_step_compute_duration_seconds_sum",
+                "trainguard_step_compute_duration_seconds_count",
+                "trainguard_sync_wait_duration_seconds_sum",
+            )
+        }
+
+    train(model, optimizer, 3, rank)  # warm-up: bucket rebuild, first-iteration costs
+    before = totals()
+    train(model, optimizer, steps, rank, first=3)
+    publish_last_timers(model, rank)
+    after = totals()
+    handle.uninstrument()
+    return {name: after[name] - before[name] for name in after}
+
+
+class _EventList(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.events.append(
+            {
+                "message": record.getMessage(),
+                "action": getattr(record, contract.FIELD_EVENT_ACTION, None),
+                "details": getattr(record, contract.FIELD_DETAILS, None),
+            }
+        )
+
+
+def hang(rank: int, world: int, out: Path, sleeper: int, sleep_s: float) -> dict[str, Any]:
+    """``sleeper`` sleeps inside step 4's forward; the others wait in the gradient sync."""
+    events = _EventList()
+    logging.getLogger(EVENTS_LOGGER).addHandler(events)
+    logging.getLogger(EVENTS_LOGGER).setLevel(logging.INFO)
+    model = make_ddp(delay=0.01)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    registry = CollectorRegistry()
+    handle = trainguard.instrument(
+        model,
+        optimizer,
+        job_id="job-hang",
+        registry=registry,
+        metrics_port=-1,
+        dump_dir=out / "dumps",
+        stall_floor_seconds=1.5,
+        stall_factor=3.0,
+        watchdog_interval_seconds=0.2,
+    )
+    labels = labels_of(handle)
+    ages: list[float] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.1):
+            ages.append(value(registry, "trainguard_collective_oldest_inflight_seconds", labels))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    for step in range(8):
+        optimizer.zero_grad()
+        if step == 4 and rank == sleeper:
+            time.sleep(sleep_s)
+        loss_of(model, batch(step, rank)).backward()
+        optimizer.step()
+    done.set()
+    watcher.join()
+    stalls = value(registry, "trainguard_collective_stalls_total", labels)
+    dumps = [str(p) for p in (handle.watchdog.dumps if handle.watchdog else [])]
+    handle.uninstrument()
+    return {
+        "ages": ages,
+        "stalls": stalls,
+        "events": [e for e in events.events if e["action"] == "collective_stalled"],
+        "dumps": dumps,
+    }
+
+
+def oom_recovery(rank: int, world: int, out: Path, recovery: bool) -> dict[str, Any]:
+    """Rank 0 cannot fit a 16-sample batch; compare gradients with an unsplit reference."""
+    model = make_ddp(oom_above=8 if rank == 0 else None)
+    model.broadcast_buffers = False
+    reference = make_ddp()
+    registry = CollectorRegistry()
+    handle = trainguard.instrument(
+        model,
+        job_id="job-oom",
+        registry=registry,
+        metrics_port=-1,
+        oom_recovery=recovery,
+    )
+    x = batch(0, rank)
+    loss = handle.guarded_step(x, lambda micro: loss_of(model, micro))
+    loss_of(reference, x).backward()
+    labels = labels_of(handle)
+    differences = [
+        float((a.grad - b.grad).abs().max())  # type: ignore[operator]
+        for a, b in zip(model.parameters(), reference.parameters(), strict=True)
+    ]
+    reference_loss = float(loss_of(reference, x).detach())
+    result = {
+        "max_grad_difference": max(differences),
+        "loss": float(loss),
+        "reference_loss": reference_loss,
+        "oom_events": value(registry, "trainguard_oom_events_total", labels),
+        "recoveries": value(registry, "trainguard_oom_recoveries_total", labels),
+    }
+    handle.uninstrument()
+    return result
+
+
+def uninstrument_roundtrip(rank: int, world: int, out: Path, per_bucket: bool) -> dict[str, Any]:
+    """Instrument, train, uninstrument, train: parameters must equal plain DDP's."""
+    plain = make_ddp()
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.05)
+    model = make_ddp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    handle = trainguard.instrument(
+        model, optimizer, job_id="job-roundtrip", metrics_port=0, per_bucket=per_bucket
+    )
+    again = trainguard.instrument(model, optimizer, job_id="job-roundtrip", metrics_port=0)
+    train(model, optimizer, 3, rank)
+    handle.uninstrument()
+    handle.uninstrument()
+    train(model, optimizer, 3, rank, first=3)
+    train(plain, plain_opt, 6, rank)
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("trainguard")]
+    return {
+        "same_handle": again is handle,
+        "max_param_difference": max(
+            float((a - b).abs().max())
+            for a, b in zip(model.parameters(), plain.parameters(), strict=True)
+        ),
+        "forward_restored": "forward" not in model.__dict__,
+        "step_restored": "step" not in optimizer.__dict__,
+        "threads_left": threads,
+        "reinstrument_steps": _reinstrument(model, optimizer, rank, per_bucket),
+    }
+
+
+def _reinstrument(
+    model: DistributedDataParallel, optimizer: torch.optim.Optimizer, rank: int, per_bucket: bool
+) -> float:
+    registry = CollectorRegistry()
+    handle = trainguard.instrument(
+        model, optimizer, registry=registry, metrics_port=-1, per_bucket=per_bucket
+    )
+    train(model, optimizer, 2, rank)
+    handle.flush()
+    steps = value(registry, "trainguard_steps_total", labels_of(handle))
+    handle.uninstrument()
+    return steps
+
+
+def flight_recorder_dump_names(out: Path) -> list[str]:
+    return sorted(p.name for p in out.rglob(f"{flight_recorder.DUMP_PREFIX}*"))

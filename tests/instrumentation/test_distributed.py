@@ -1,0 +1,158 @@
+"""The hook on real multi-process gloo jobs (2-4 ranks on this machine's CPU)."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard import contract
+from trainguard.instrumentation import flight_recorder, tracing
+
+from . import scenarios
+from .harness import run_ranks
+
+STEPS = 5
+EXEMPLAR = re.compile(
+    r"^trainguard_grad_sync_duration_seconds_bucket\{.*\} \S+ # \{trace_id=\"([0-9a-f]{32})\"\}",
+    re.M,
+)
+
+
+def _by_name(spans: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [s for s in spans if s["name"] == name]
+
+
+def test_every_rank_s_spans_of_a_step_share_one_trace(tmp_path: Path) -> None:
+    results = run_ranks(scenarios.spans_and_metrics, 2, tmp_path, per_bucket=False, steps=STEPS)
+    for rank, result in enumerate(results):
+        syncs = _by_name(result["spans"], contract.SPAN_GRAD_SYNC)
+        steps = Counter(s["attributes"][contract.ATTR_STEP] for s in syncs)
+        assert steps == {step: 1 for step in range(STEPS)}, f"rank {rank}: one sync per step"
+        for span in syncs:
+            step = span["attributes"][contract.ATTR_STEP]
+            assert span["trace_id"] == tracing.format_trace_id(
+                tracing.trace_id_for("job-spans", step)
+            )
+            assert span["attributes"][contract.ATTR_RANK] == rank
+            assert span["attributes"][contract.ATTR_WORLD_SIZE] == 2
+            assert span["attributes"][contract.ATTR_BACKEND] == "gloo"
+        assert result["grad_sync_count"] == STEPS
+        assert result["compute_count"] == STEPS
+    # Rank 0 emits each step's root; every rank's per-step span hangs under it.
+    roots = {s["span_id"]: s for s in _by_name(results[0]["spans"], contract.SPAN_STEP)}
+    assert len(roots) == STEPS
+    assert not _by_name(results[1]["spans"], contract.SPAN_STEP)
+    for result in results:
+        rank_steps = _by_name(result["spans"], contract.SPAN_RANK_STEP)
+        assert len(rank_steps) == STEPS
+        for span in rank_steps:
+            root = roots[span["parent_id"]]
+            assert root["trace_id"] == span["trace_id"]
+        by_id = {s["span_id"]: s for s in result["spans"]}
+        for name in (contract.SPAN_FORWARD, contract.SPAN_BACKWARD, contract.SPAN_OPTIMIZER):
+            children = _by_name(result["spans"], name)
+            assert len(children) == STEPS
+            assert all(by_id[c["parent_id"]]["name"] == contract.SPAN_RANK_STEP for c in children)
+
+
+def test_bucket_mode_gives_a_span_and_an_observation_per_bucket(tmp_path: Path) -> None:
+    results = run_ranks(scenarios.spans_and_metrics, 2, tmp_path, per_bucket=True, steps=STEPS)
+    for result in results:
+        buckets = result["buckets"]
+        assert buckets >= 4
+        bucket_spans = _by_name(result["spans"], contract.SPAN_GRAD_SYNC_BUCKET)
+        per_step = Counter(s["attributes"][contract.ATTR_STEP] for s in bucket_spans)
+        # DDP rebuilds its buckets after the first iteration (the first bucket starts large).
+        assert all(per_step[step] == buckets for step in range(1, STEPS)), per_step
+        assert 1 <= per_step[0] <= buckets
+        assert result["grad_sync_count"] == len(bucket_spans) == buckets * (STEPS - 1) + per_step[0]
+        later = [s for s in bucket_spans if s["attributes"][contract.ATTR_STEP] > 0]
+        indices = Counter(s["attributes"][contract.ATTR_BUCKET_INDEX] for s in later)
+        assert indices == {i: STEPS - 1 for i in range(buckets)}
+        assert all(s["attributes"][contract.ATTR_BUCKET_BYTES] > 0 for s in bucket_spans)
+        by_id = {s["span_id"]: s for s in result["spans"]}
+        assert all(by_id[s["parent_id"]]["name"] == contract.SPAN_GRAD_SYNC for s in bucket_spans)
+
+
+def test_exemplar_trace_ids_are_those_of_exported_spans(tmp_path: Path) -> None:
+    results = run_ranks(scenarios.spans_and_metrics, 2, tmp_path, per_bucket=False, steps=STEPS)
+    for result in results:
+        exemplars = EXEMPLAR.findall(result["exposition"])
+        assert exemplars, "the OpenMetrics exposition carries grad-sync exemplars"
+        exported = {s["trace_id"] for s in _by_name(result["spans"], contract.SPAN_GRAD_SYNC)}
+        assert set(exemplars) <= exported
+
+
+def test_straggler_is_found_by_compute_time_not_step_time(tmp_path: Path) -> None:
+    steps, slow = 12, 2
+    results = run_ranks(scenarios.straggler, 4, tmp_path, slow_rank=slow, steps=steps)
+    step_means = [
+        r["trainguard_step_duration_seconds_sum"] / r["trainguard_step_duration_seconds_count"]
+        for r in results
+    ]
+    compute_means = [
+        r["trainguard_step_compute_duration_seconds_sum"]
+        / r["trainguard_step_compute_duration_seconds_count"]
+        for r in results
+    ]
+    assert all(r["trainguard_step_duration_seconds_count"] == steps for r in results)
+    median_step = statistics.median(step_means)
+    for mean in step_means:
+        assert abs(mean - median_step) / median_step < 0.05, step_means
+    for rank, mean in enumerate(compute_means):
+        if rank != slow:
+            assert compute_means[slow] >= 1.4 * mean, compute_means
+    # The fast ranks wait for the slow one inside the gradient sync.
+    waits = [r["trainguard_sync_wait_duration_seconds_sum"] for r in results]
+    assert waits[slow] < min(w for i, w in enumerate(waits) if i != slow)
+
+
+def test_a_sleeping_rank_is_caught_as_a_stall_and_named_by_the_dumps(tmp_path: Path) -> None:
+    sleeper = 2
+    results = run_ranks(scenarios.hang, 3, tmp_path, sleeper=sleeper, sleep_s=5.0)
+    for rank, result in enumerate(results):
+        if rank == sleeper:
+            continue
+        ages = result["ages"]
+        assert max(ages) > 1.5, "the oldest in-flight collective's age grew past the floor"
+        peak = ages.index(max(ages))
+        assert ages[peak] > ages[max(0, peak - 5)], "and kept growing while the peer slept"
+        assert result["stalls"] == 1, "one stall, reported once"
+        (event,) = result["events"]
+        assert event["details"]["age_seconds"] > 1.5
+    folders = {Path(p).parent for r in results for p in r["dumps"]}
+    assert len(folders) == 1, "every rank dumped into the same stall folder"
+    (folder,) = folders
+    assert sorted(p.name for p in folder.glob(f"{flight_recorder.DUMP_PREFIX}*")) == [
+        f"{flight_recorder.DUMP_PREFIX}{r}" for r in range(3)
+    ]
+    stacks = (folder / f"{flight_recorder.STACKS_PREFIX}{sleeper}.txt").read_text()
+    assert "time.sleep" in stacks or "sleep(" in stacks
+    mismatches = flight_recorder.analyze(folder)
+    assert mismatches, "torch's analyzer finds the collective a rank never joined"
+    assert {sleeper} == set().union(*(m.missing_ranks for m in mismatches))
+
+
+def test_oom_recovery_splits_the_step_and_keeps_the_gradients(tmp_path: Path) -> None:
+    results = run_ranks(scenarios.oom_recovery, 2, tmp_path, recovery=True)
+    for rank, result in enumerate(results):
+        assert result["max_grad_difference"] < 1e-6
+        assert result["loss"] == pytest.approx(result["reference_loss"], rel=1e-5)
+        assert result["recoveries"] == 1, "both ranks split in lockstep"
+        assert result["oom_events"] == (1 if rank == 0 else 0)
+
+
+@pytest.mark.parametrize("per_bucket", [False, True])
+def test_uninstrument_restores_plain_ddp(tmp_path: Path, per_bucket: bool) -> None:
+    results = run_ranks(scenarios.uninstrument_roundtrip, 2, tmp_path, per_bucket=per_bucket)
+    for result in results:
+        assert result["same_handle"], "instrumenting twice returns the same handle"
+        assert result["max_param_difference"] == 0.0
+        assert result["forward_restored"] and result["step_restored"]
+        assert result["threads_left"] == []
+        assert result["reinstrument_steps"] == 2

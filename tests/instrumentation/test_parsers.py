@@ -1,0 +1,183 @@
+"""Pure parts of the hook, on fixtures: reducer stats, Flight Recorder state, memory, batches,
+trace ids, file_sd."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainguard.instrumentation import flight_recorder, memory, oom, reducer, server, tracing
+
+# Shaped like torch 2.13's ddp._get_ddp_logging_data() on gloo (values from a real run).
+LOGGING_DATA = {
+    "iteration": 3,
+    "bucket_sizes": "125952000",
+    "rebuilt_bucket_sizes": "4198400, 29388800, 29388800, 4198400",
+    "has_rebuilt_buckets": 1,
+    "forward_compute_time": 33640214,
+    "forward_compute_time_start": 1796210908284451745,
+    "backward_compute_time": 180088225,
+    "backward_compute_time_start": 1796210908318091959,
+    "backward_compute_time_end": 1796210908498180184,
+    "backward_comm_time": 208152681,
+    "backward_comm_time_start": 1796210908322918248,
+    "backward_comm_time_end": 1796210908531070929,
+    "backward_compute_comm_overlap_time": 175261936,
+}
+
+
+def test_reducer_stats_split_sync_into_overlap_and_wait() -> None:
+    stats = reducer.parse_logging_data(LOGGING_DATA)
+    assert stats is not None
+    assert stats.iteration == 3
+    assert stats.compute_ns == 33640214 + 180088225
+    assert stats.sync_wait_ns == 208152681 - 175261936
+    assert stats.bucket_bytes == (4198400, 29388800, 29388800, 4198400)
+
+
+def test_reducer_stats_before_buckets_are_rebuilt_use_construction_sizes() -> None:
+    stats = reducer.parse_logging_data({**LOGGING_DATA, "has_rebuilt_buckets": 0})
+    assert stats is not None and stats.bucket_bytes == (125952000,)
+
+
+@pytest.mark.parametrize("missing", ["backward_comm_time", "forward_compute_time_start"])
+def test_reducer_stats_missing_or_unsampled_are_none(missing: str) -> None:
+    data = dict(LOGGING_DATA)
+    del data[missing]
+    assert reducer.parse_logging_data(data) is None
+    assert reducer.parse_logging_data({**LOGGING_DATA, "backward_comm_time_end": 0}) is None
+
+
+def test_overlap_larger_than_comm_never_gives_negative_wait() -> None:
+    data = {**LOGGING_DATA, "backward_compute_comm_overlap_time": 10**12}
+    stats = reducer.parse_logging_data(data)
+    assert stats is not None and stats.sync_wait_ns == 0
+
+
+# Shaped like _dump_fr_trace_json(True, True) on gloo while a peer is late.
+NOW = 1796211257210539345 + 5_000_000_000
+FR_STATE = {
+    "pg_status": {
+        "0": {
+            "last_enqueued_collective": "22",
+            "last_started_collective": "-1",
+            "last_completed_collective": "18",
+        },
+        "1": {
+            "last_enqueued_collective": 4,
+            "last_started_collective": -1,
+            "last_completed_collective": 4,
+        },
+    },
+    "entries": [
+        {
+            "collective_seq_id": 18,
+            "state": "scheduled",
+            "retired": True,
+            "time_created_ns": 1796211257000000000,
+            "profiling_name": "gloo:all_reduce",
+            "timeout_ms": 1800000,
+        },
+        {
+            "collective_seq_id": 19,
+            "state": "scheduled",
+            "retired": False,
+            "time_created_ns": 1796211257210539345,
+            "profiling_name": "gloo:all_reduce",
+            "timeout_ms": 1800000,
+        },
+        {
+            "collective_seq_id": 20,
+            "state": "started",
+            "retired": False,
+            "time_created_ns": 1796211258210539345,
+            "profiling_name": "gloo:all_reduce",
+            "timeout_ms": 1800000,
+        },
+        {
+            "collective_seq_id": 3,
+            "state": "scheduled",
+            "retired": False,
+            "is_p2p": True,
+            "time_created_ns": 1796211200000000000,
+            "profiling_name": "gloo:send",
+        },
+    ],
+}
+
+
+def test_pending_collectives_count_the_unretired_and_age_the_oldest() -> None:
+    pending = flight_recorder.pending_collectives(FR_STATE, NOW)
+    assert pending.count == 2, "retired and point-to-point entries are not collectives in flight"
+    assert pending.oldest_seq == 19
+    assert pending.oldest_age_seconds == pytest.approx(5.0)
+    assert pending.oldest_name == "gloo:all_reduce"
+    assert pending.oldest_timeout_seconds == 1800.0
+
+
+def test_nothing_pending_on_an_empty_recorder() -> None:
+    assert flight_recorder.pending_collectives({}, NOW) == flight_recorder.NOTHING_PENDING
+
+
+def test_collective_progress_sums_process_groups() -> None:
+    assert flight_recorder.collective_progress(FR_STATE) == (26, 22)
+    assert flight_recorder.collective_progress({"pg_status": {}}) is None
+
+
+def test_gloo_dump_gets_its_process_group_named() -> None:
+    dump = {
+        "pg_config": {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}},
+        "entries": [{"process_group": ("0", "default_pg")}] * 3,
+    }
+    repaired = flight_recorder.repair_pg_config(dump)
+    assert repaired["pg_config"] == {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
+    ambiguous = {**dump, "entries": [{"process_group": ("0", "a")}, {"process_group": ("1", "b")}]}
+    assert flight_recorder.repair_pg_config(ambiguous) is ambiguous
+
+
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [("max\n", None), ("8589934592\n", 8589934592), ("9223372036854771712", None), ("", None)],
+)
+def test_cgroup_limits(text: str, limit: int | None) -> None:
+    assert memory.parse_cgroup_limit(text) == limit
+
+
+def test_fragmentation_is_the_unallocated_share_of_reserved() -> None:
+    sample = memory.MemorySample(
+        allocated_bytes=6, reserved_bytes=8, capacity_bytes=10, alloc_retries=0, ooms=0
+    )
+    assert sample.fragmentation_ratio == pytest.approx(0.25)
+    assert memory.MemorySample(0, 0, 10, 0, 0).fragmentation_ratio == 0.0
+
+
+def test_split_batch_keeps_structure_and_every_sample() -> None:
+    batch = {"x": torch.arange(10).reshape(5, 2), "y": (torch.arange(5), "tag")}
+    parts = oom.split_batch(batch, 2)
+    assert len(parts) == 2
+    assert torch.equal(torch.cat([p["x"] for p in parts]), batch["x"])
+    assert torch.equal(torch.cat([p["y"][0] for p in parts]), torch.arange(5))
+    assert all(p["y"][1] == "tag" for p in parts)
+    assert [oom.batch_size(p) for p in parts] == [3, 2]
+    assert len(oom.split_batch(torch.zeros(3, 1), 8)) == 3, "never more parts than samples"
+    with pytest.raises(ValueError, match="batch dim"):
+        oom.split_batch({"x": "no tensors"}, 2)
+
+
+def test_trace_ids_are_derived_from_job_and_step() -> None:
+    assert tracing.trace_id_for("job", 7) == tracing.trace_id_for("job", 7)
+    assert tracing.trace_id_for("job", 7) != tracing.trace_id_for("job", 8)
+    assert tracing.trace_id_for("job", 7) != tracing.trace_id_for("other", 7)
+    assert 0 < tracing.trace_id_for("job", 7) < 2**128
+    assert 0 < tracing.root_span_id_for("job", 7) < 2**64
+    assert len(tracing.format_trace_id(tracing.trace_id_for("job", 7))) == 32
+
+
+def test_file_sd_target_file(tmp_path: Path) -> None:
+    labels = {"job_id": "j", "rank": "1", "local_rank": "1", "node": "n1"}
+    path = server.write_file_sd(tmp_path / "sd", "j-rank1", "n1:9401", labels)
+    assert json.loads(path.read_text()) == [{"targets": ["n1:9401"], "labels": labels}]
+    assert [p.name for p in (tmp_path / "sd").iterdir()] == ["j-rank1.json"], "no temp file left"

@@ -1,0 +1,403 @@
+"""The hook in one process: plain modules, the /metrics endpoint, faults inside the hook,
+the OOM guard and the watchdog's decisions."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from prometheus_client import CollectorRegistry
+from torch import nn
+
+import trainguard
+from trainguard import contract
+from trainguard.events import EVENTS_LOGGER
+from trainguard.instrumentation import flight_recorder
+from trainguard.instrumentation.config import Identity
+from trainguard.instrumentation.errors import ErrorBudget
+from trainguard.instrumentation.metrics import RankMetrics
+from trainguard.instrumentation.watchdog import CollectiveWatchdog, StepClock
+
+from .harness import free_port
+
+
+class Tiny(nn.Module):
+    def __init__(self, oom_above: int | None = None) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 1)
+        self.oom_above = oom_above
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.oom_above is not None and x.shape[0] > self.oom_above:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        out: torch.Tensor = self.linear(x)
+        return out
+
+
+def run_steps(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    for step in range(steps):
+        optimizer.zero_grad()
+        model(torch.full((4, 8), float(step))).mean().backward()
+        optimizer.step()
+
+
+def sample(registry: CollectorRegistry, name: str, **extra: str) -> float:
+    labels = {"job_id": "job-1", "rank": "0", "local_rank": "0", "node": "node-a", **extra}
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def instrument(
+    model: nn.Module, optimizer: Any = None, **settings: Any
+) -> trainguard.Instrumentation:
+    settings.setdefault("metrics_port", -1)
+    return trainguard.instrument(model, optimizer, job_id="job-1", node="node-a", **settings)
+
+
+def test_plain_module_steps_phases_and_compute(tmp_path: Path) -> None:
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = instrument(model, optimizer, registry=(registry := CollectorRegistry()))
+    run_steps(model, optimizer, 6)
+    handle.flush()
+    assert sample(registry, "trainguard_steps_total") == 6
+    for phase in contract.Phase:
+        count = sample(registry, "trainguard_step_phase_duration_seconds_count", phase=phase.value)
+        assert count == 6, phase
+    assert sample(registry, "trainguard_step_compute_duration_seconds_count") == 6
+    assert sample(registry, "trainguard_last_step_timestamp_seconds") == pytest.approx(
+        time.time(), abs=60
+    )
+    assert sample(registry, "trainguard_memory_allocated_bytes") > 0
+    assert sample(registry, "trainguard_memory_capacity_bytes") > 0
+    with torch.no_grad():
+        model(torch.zeros(2, 8))  # evaluation forwards are not steps
+    handle.flush()
+    assert sample(registry, "trainguard_steps_total") == 6
+    handle.uninstrument()
+
+
+def test_steps_end_at_the_next_forward_without_an_optimizer() -> None:
+    model = Tiny()
+    handle = instrument(model, registry=(registry := CollectorRegistry()))
+    for _ in range(4):
+        model(torch.ones(2, 8)).sum().backward()
+    handle.flush()
+    assert sample(registry, "trainguard_steps_total") == 3
+    handle.uninstrument()
+
+
+def test_metrics_are_served_with_exemplars_and_announced_by_file_sd(tmp_path: Path) -> None:
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = instrument(
+        model, optimizer, metrics_port=0, metrics_addr="127.0.0.1", file_sd_dir=tmp_path
+    )
+    run_steps(model, optimizer, 3)
+    handle.flush()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{handle.metrics_port}/metrics",
+        headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        body = response.read().decode()
+    series = 'trainguard_steps_total{job_id="job-1",local_rank="0",node="node-a",rank="0"}'
+    assert f"{series} 3.0" in body
+    assert f'# {{trace_id="{handle.trace_id(2)}"}}' in body
+    sd_file = tmp_path / "job-1-rank0.json"
+    assert f"127.0.0.1:{handle.metrics_port}" in sd_file.read_text()
+    handle.uninstrument()
+    assert not sd_file.exists(), "the target disappears with the rank"
+
+
+def test_a_taken_port_moves_the_rank_to_the_next_one() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        model = Tiny()
+        handle = instrument(model, metrics_port=port, metrics_addr="127.0.0.1")
+        assert handle.metrics_port not in (None, port)
+        handle.uninstrument()
+
+
+def test_a_metrics_server_that_cannot_start_is_counted_and_training_goes_on(
+    tmp_path: Path,
+) -> None:
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    handle = instrument(
+        model,
+        optimizer,
+        registry=(registry := CollectorRegistry()),
+        metrics_port=free_port(),
+        metrics_addr="203.0.113.1",  # TEST-NET address not on this host: bind fails
+        file_sd_dir=blocker,
+    )
+    run_steps(model, optimizer, 3)
+    handle.flush()
+    assert handle.metrics_port is None
+    errors = "trainguard_instrumentation_errors_total"
+    assert sample(registry, errors, component="metrics_server") == 1
+    assert sample(registry, "trainguard_steps_total") == 3
+    handle.uninstrument()
+
+
+def test_a_file_sd_dir_that_cannot_be_written_is_counted(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    model = Tiny()
+    handle = instrument(
+        model,
+        registry=(registry := CollectorRegistry()),
+        metrics_port=0,
+        metrics_addr="127.0.0.1",
+        file_sd_dir=blocker / "sd",
+    )
+    assert handle.metrics_port is not None
+    assert sample(registry, "trainguard_instrumentation_errors_total", component="file_sd") == 1
+    handle.uninstrument()
+
+
+def test_an_unreachable_otlp_endpoint_costs_a_counter(caplog: pytest.LogCaptureFixture) -> None:
+    exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{free_port()}/v1/traces", timeout=1)
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = instrument(
+        model, optimizer, registry=(registry := CollectorRegistry()), span_exporter=exporter
+    )
+    started = time.monotonic()
+    run_steps(model, optimizer, 5)
+    training_seconds = time.monotonic() - started
+    handle.force_flush_spans()
+    assert sample(registry, "trainguard_spans_dropped_total") >= 5
+    assert sample(registry, "trainguard_steps_total") == 5
+    assert training_seconds < 5, "export happens off the training thread"
+    handle.uninstrument()
+
+
+class ExplodingExporter(SpanExporter):
+    def export(self, spans: Any) -> SpanExportResult:
+        raise RuntimeError("exporter bug")
+
+    def shutdown(self) -> None:
+        return None
+
+
+def test_a_broken_span_exporter_never_reaches_training() -> None:
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = instrument(
+        model,
+        optimizer,
+        registry=(registry := CollectorRegistry()),
+        span_exporter=ExplodingExporter(),
+    )
+    run_steps(model, optimizer, 3)
+    handle.force_flush_spans()
+    assert sample(registry, "trainguard_spans_dropped_total") >= 3
+    handle.uninstrument()
+
+
+class Events(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def actions(self, action: str) -> list[logging.LogRecord]:
+        return [r for r in self.records if getattr(r, contract.FIELD_EVENT_ACTION, None) == action]
+
+
+@pytest.fixture
+def events() -> Any:
+    handler = Events()
+    logger = logging.getLogger(EVENTS_LOGGER)
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(previous)
+
+
+def test_oom_is_counted_logged_and_reraised(events: Events) -> None:
+    model = Tiny(oom_above=4)
+    handle = instrument(model, registry=(registry := CollectorRegistry()))
+    with pytest.raises(torch.OutOfMemoryError):
+        handle.guarded_step(torch.ones(8, 8), lambda micro: model(micro).mean())
+    with pytest.raises(torch.OutOfMemoryError):
+        model(torch.ones(6, 8))
+    assert sample(registry, "trainguard_oom_events_total") == 2
+    first, second = events.actions("oom")
+    assert getattr(first, contract.FIELD_JOB_ID) == "job-1"
+    assert getattr(first, contract.FIELD_DETAILS)["where"] == "forward"
+    assert getattr(first, contract.FIELD_TRACE_ID) == handle.trace_id(0)
+    assert getattr(second, contract.FIELD_DETAILS)["where"] == "forward"
+    handle.uninstrument()
+
+
+def test_oom_recovery_in_one_process_gives_the_unsplit_gradients(events: Events) -> None:
+    torch.manual_seed(0)
+    model = Tiny(oom_above=3)
+    torch.manual_seed(0)
+    reference = Tiny()
+    handle = instrument(model, registry=(registry := CollectorRegistry()), oom_recovery=True)
+    x = torch.randn(10, 8)
+    handle.guarded_step(x, lambda micro: model(micro).square().mean())
+    reference(x).square().mean().backward()
+    for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(ours.grad, theirs.grad, atol=1e-6)  # type: ignore[arg-type]
+    assert sample(registry, "trainguard_oom_recoveries_total") == 1
+    assert len(events.actions("oom")) == 2, "1 -> 2 -> 4 micro-batches: two OOMs on the way"
+    handle.uninstrument()
+
+
+def test_oom_recovery_gives_up_at_the_split_limit() -> None:
+    model = Tiny(oom_above=0)
+    handle = instrument(model, oom_recovery=True, oom_split_max=4)
+    with pytest.raises(torch.OutOfMemoryError):
+        handle.guarded_step(torch.ones(8, 8), lambda micro: model(micro).mean())
+    handle.uninstrument()
+
+
+def test_unknown_settings_are_refused() -> None:
+    with pytest.raises(TypeError, match="unknown setting"):
+        trainguard.instrument(Tiny(), per_bukket=True)
+
+
+# -- the watchdog's decisions, with a scripted Flight Recorder and store --------------------
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.data[key] = value.encode()
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+
+def make_watchdog(
+    tmp_path: Path, state: dict[str, Any], store: FakeStore, clock: StepClock
+) -> tuple[CollectiveWatchdog, CollectorRegistry]:
+    registry = CollectorRegistry()
+    identity = Identity(job_id="job-w", rank=1, local_rank=1, world_size=2, node="n")
+    metrics = RankMetrics(registry, identity.labels())
+    watchdog = CollectiveWatchdog(
+        identity=identity,
+        metrics=metrics,
+        errors=ErrorBudget(metrics.instrumentation_errors, identity.labels()),
+        clock=clock,
+        dump_dir=tmp_path,
+        stall_floor_seconds=2.0,
+        stall_factor=3.0,
+        interval_seconds=0.05,
+        store=store,
+        read_state=lambda: state,
+    )
+    return watchdog, registry
+
+
+def pending_state(age_seconds: float, seq: int = 7, timeout_ms: int = 600_000) -> dict[str, Any]:
+    return {
+        "entries": [
+            {
+                "collective_seq_id": seq,
+                "retired": False,
+                "state": "scheduled",
+                "time_created_ns": time.time_ns() - int(age_seconds * 1e9),
+                "profiling_name": "nccl:all_reduce",
+                "timeout_ms": timeout_ms,
+            }
+        ]
+    }
+
+
+def gauge(registry: CollectorRegistry, name: str) -> float:
+    labels = {"job_id": "job-w", "rank": "1", "local_rank": "1", "node": "n"}
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def test_watchdog_reports_a_stall_once_and_flags_peers(tmp_path: Path, events: Events) -> None:
+    clock = StepClock()
+    clock.recent.extend([0.2, 0.25])
+    clock.started_ns = time.perf_counter_ns() - 10 * 10**9
+    store = FakeStore()
+    state = pending_state(age_seconds=9.0)
+    watchdog, registry = make_watchdog(tmp_path, state, store, clock)
+    watchdog.check()
+    watchdog.check()
+    assert gauge(registry, "trainguard_collective_inflight") == 1
+    oldest = gauge(registry, "trainguard_collective_oldest_inflight_seconds")
+    assert oldest == pytest.approx(9, abs=1)
+    assert gauge(registry, "trainguard_collective_stalls_total") == 1
+    assert store.data[watchdog.store_key] == b"seq7"
+    (event,) = events.actions("collective_stalled")
+    assert getattr(event, contract.FIELD_DETAILS)["collective_seq_id"] == 7
+    folder = tmp_path / "job-w" / "stall-seq7"
+    assert (folder / f"{flight_recorder.STACKS_PREFIX}1.txt").exists()
+
+
+def test_watchdog_stays_quiet_below_the_adaptive_threshold(tmp_path: Path) -> None:
+    clock = StepClock()
+    clock.recent.extend([1.0, 1.2])  # slow steps: threshold is 3 x 1.2 s = 3.6 s
+    clock.started_ns = time.perf_counter_ns() - 3 * 10**9
+    watchdog, registry = make_watchdog(tmp_path, pending_state(2.9), FakeStore(), clock)
+    watchdog.check()
+    assert watchdog.stall_threshold() == pytest.approx(3.6)
+    assert gauge(registry, "trainguard_collective_oldest_inflight_seconds") > 2
+    assert gauge(registry, "trainguard_collective_stalls_total") == 0
+
+
+def test_watchdog_does_not_read_the_recorder_while_steps_are_normal(tmp_path: Path) -> None:
+    clock = StepClock()
+    clock.recent.extend([1.0])
+    clock.started_ns = time.perf_counter_ns() - int(0.5 * 10**9)
+
+    def must_not_read() -> dict[str, Any]:
+        raise AssertionError("read the Flight Recorder during a normal step")
+
+    watchdog, registry = make_watchdog(tmp_path, {}, FakeStore(), clock)
+    watchdog._read_state = must_not_read
+    watchdog.check()
+    assert gauge(registry, "trainguard_collective_inflight") == 0
+    assert gauge(registry, "trainguard_instrumentation_errors_total") == 0
+
+
+def test_watchdog_dumps_when_a_peer_flags_a_stall(tmp_path: Path) -> None:
+    store = FakeStore()
+    watchdog, _ = make_watchdog(tmp_path, {}, store, StepClock())
+    store.set(watchdog.store_key, "seq42")
+    watchdog.check()
+    watchdog.check()
+    stacks = list((tmp_path / "job-w").glob("stall-seq42/*.txt"))
+    assert len(stacks) == 1
+
+
+def test_watchdog_counts_a_collective_past_its_timeout(tmp_path: Path, events: Events) -> None:
+    clock = StepClock()
+    clock.started_ns = time.perf_counter_ns() - 20 * 10**9
+    watchdog, registry = make_watchdog(
+        tmp_path, pending_state(15.0, timeout_ms=10_000), FakeStore(), clock
+    )
+    watchdog.check()
+    watchdog.check()
+    assert gauge(registry, "trainguard_collective_timeouts_total") == 1
+    assert len(events.actions("collective_timeout")) == 1
