@@ -86,23 +86,30 @@ class StepWorker:
         self._unmatched: ReducerStats | None = None
         self._last_alloc_retries: int | None = None
         self._last_ooms: int | None = None
+        if memory is not None:
+            # The baseline: allocator counters from before instrumentation are not ours.
+            with errors.guard("memory"):
+                baseline = memory.sample()
+                self._last_alloc_retries = baseline.alloc_retries
+                self._last_ooms = baseline.ooms
         self.buckets_synced = 0  # fallback collective count when the Flight Recorder is absent
         self._queue: queue.SimpleQueue[StepRecord | str | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="trainguard-worker", daemon=True)
-        self._idle = threading.Event()
-        self._idle.set()
+        # Plain counters, not an Event: the training thread's submit must not take a lock.
+        self._submitted = 0
+        self._processed = 0
 
     # -- lifecycle (training thread) ----------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
 
     def submit(self, record: StepRecord) -> None:
-        self._idle.clear()
+        self._submitted += 1
         self._queue.put(record)
 
     def poke(self) -> None:
         """A forward has just published the previous iteration's reducer timers."""
-        self._idle.clear()
+        self._submitted += 1
         self._queue.put(_READ_REDUCER)
 
     def stop(self) -> None:
@@ -116,8 +123,14 @@ class StepWorker:
         self._awaiting.clear()
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every submitted step has been processed (tests, shutdown)."""
-        return self._idle.wait(timeout)
+        """Wait until everything submitted so far has been processed (tests, shutdown)."""
+        target = self._submitted
+        deadline = time.monotonic() + timeout
+        while self._processed < target:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                return False
+            time.sleep(0.001)
+        return True
 
     def _run(self) -> None:
         while True:
@@ -129,8 +142,7 @@ class StepWorker:
                     self._read_timers()
                 elif isinstance(record, StepRecord):
                     self._process(record)
-            if self._queue.empty():
-                self._idle.set()
+            self._processed += 1
 
     # -- per step (worker thread) ---------------------------------------------------------------
     def _process(self, record: StepRecord) -> None:

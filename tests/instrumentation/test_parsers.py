@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -155,7 +156,7 @@ def test_fragmentation_is_the_unallocated_share_of_reserved() -> None:
 
 
 def test_split_batch_keeps_structure_and_every_sample() -> None:
-    batch = {"x": torch.arange(10).reshape(5, 2), "y": (torch.arange(5), "tag")}
+    batch: dict[str, Any] = {"x": torch.arange(10).reshape(5, 2), "y": (torch.arange(5), "tag")}
     parts = oom.split_batch(batch, 2)
     assert len(parts) == 2
     assert torch.equal(torch.cat([p["x"] for p in parts]), batch["x"])
