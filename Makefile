@@ -32,8 +32,10 @@ unit: install
 
 test: lint typecheck unit
 
+# Until the full detect -> alert -> remediate drill lands (issue 7), the demo is the
+# instrumented two-rank DDP example: a straggler that compute time finds and step time hides.
 demo: install
-	$(BIN)/python -m trainguard.demo $(DEMO_ARGS)
+	$(BIN)/torchrun --nproc-per-node 2 examples/ddp_train.py $(DEMO_ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/overhead.py

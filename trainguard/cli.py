@@ -15,7 +15,18 @@ from collections.abc import Sequence
 from trainguard import __version__
 
 # name -> (module, one-line help)
-SUBCOMMANDS: dict[str, tuple[str, str]] = {}
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "exporter": ("trainguard.exporters.app", "Run the node exporter (GPUs, NCCL logs and config)."),
+    "doctor": ("trainguard.exporters.doctor", "Check this node's NCCL settings and print fixes."),
+    "rules": ("trainguard.alerts.cli", "render or check the Prometheus rules from thresholds"),
+    "dashboards": ("trainguard.dashboards.cli", "write or check the Grafana dashboards"),
+    "triage": ("trainguard.triage.cli", "find what went wrong in raw training logs"),
+    "logs-setup": (
+        "trainguard.logs.cli",
+        "install the Elasticsearch template, ILM policy and Kibana data view for logs",
+    ),
+    "remediation": ("trainguard.remediation.cli", "run the remediation service"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

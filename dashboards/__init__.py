@@ -1,0 +1,1 @@
+"""trainguard's Grafana dashboards: the generator and the committed dashboard JSON."""

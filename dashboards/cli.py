@@ -1,0 +1,52 @@
+"""``trainguard dashboards``: write dashboards/*.json from the generator, or check them.
+
+grafana-foundation-sdk is imported only when the command runs (the ``mixin`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=HERE,
+        help="folder to write the dashboard JSON files to (default: dashboards/)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a file in --out-dir differs from the generator's output",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from trainguard.dashboards.build import render_all
+    except ImportError as error:
+        print(f"trainguard dashboards: {error}; install trainguard[mixin]", file=sys.stderr)
+        return 2
+    out_dir: Path = args.out_dir
+    stale = []
+    for name, text in render_all().items():
+        path = out_dir / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if stale:
+        print(
+            f"trainguard dashboards: stale in {out_dir}: {', '.join(stale)}; "
+            "run `trainguard dashboards`",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

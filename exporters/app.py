@@ -1,0 +1,227 @@
+"""The ``trainguard-exporter`` process (also ``trainguard exporter``): one per node.
+
+Chooses the GPU provider (NVML, or the simulated one only when ``--simulate-gpus`` asks for
+it), builds the enabled collectors, registers them behind one :class:`ScrapeSupervisor` and
+serves ``/metrics`` until SIGTERM or SIGINT. Nothing touches hardware before the first scrape.
+
+Each collector has ``--collector.NAME`` / ``--no-collector.NAME``; without either flag,
+``TRAINGUARD_EXPORTER_COLLECTOR_NAME=1|0`` decides, then the collector's default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from trainguard import contract
+
+DEFAULT_LISTEN_ADDRESS = ":9835"
+DEFAULT_NCCL_LOG_GLOB = "/var/log/nccl/*.log"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+log = logging.getLogger("trainguard.exporter")
+
+
+def _collector_env(name: str) -> str:
+    return contract.ENV_EXPORTER_COLLECTOR_PREFIX + name.upper()
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--web.listen-address",
+        dest="listen_address",
+        default=os.environ.get(contract.ENV_EXPORTER_LISTEN_ADDRESS, DEFAULT_LISTEN_ADDRESS),
+        help="[host]:port to serve /metrics on (port 0: any free port). "
+        f"Env {contract.ENV_EXPORTER_LISTEN_ADDRESS}. Default %(default)s.",
+    )
+    parser.add_argument(
+        "--nccl.log-glob",
+        dest="nccl_log_globs",
+        action="append",
+        help="glob of NCCL_DEBUG_FILE files to follow; repeatable. "
+        f"Env {contract.ENV_EXPORTER_NCCL_LOG_GLOB} (colon-separated). "
+        f"Default {DEFAULT_NCCL_LOG_GLOB}.",
+    )
+    parser.add_argument(
+        "--dcgm-compat",
+        action="store_true",
+        help="also export dcgm-exporter's default names and labels (DCGM_FI_DEV_*)",
+    )
+    parser.add_argument(
+        "--simulate-gpus",
+        type=int,
+        metavar="N",
+        help="simulate N GPUs whose load follows the local training processes (demos on "
+        'machines without GPUs; marked trainguard_exporter_info{provider="simulated"})',
+    )
+    parser.add_argument(
+        "--node",
+        default=socket.gethostname(),
+        help="this node's name (dcgm-compat Hostname label). Default: the hostname.",
+    )
+    parser.add_argument(
+        "--proc-root",
+        type=Path,
+        default=Path("/proc"),
+        help="the host's /proc (mount it and run with the host's PID namespace in a container)",
+    )
+    parser.add_argument(
+        "--sys-root", type=Path, default=Path("/sys"), help="the host's /sys (IB devices, NICs)"
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    try:
+        from trainguard.exporters.registry import registered
+    except ImportError:  # the exporter extra is not installed: no collector flags to offer
+        return
+    for name, spec in registered().items():
+        parser.add_argument(
+            f"--collector.{name}",
+            dest=f"collector_{name}",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"{spec.help} Env {_collector_env(name)}. "
+            f"Default {'on' if spec.enabled_by_default else 'off'}.",
+        )
+
+
+def enabled_collectors(args: argparse.Namespace) -> list[str]:
+    """Collector names in registration order: the flag, else the env variable, else default."""
+    from trainguard.exporters.registry import registered
+
+    names = []
+    for name, spec in registered().items():
+        flag: bool | None = getattr(args, f"collector_{name}", None)
+        if flag is None:
+            env = os.environ.get(_collector_env(name), "").strip().lower()
+            if env and env not in _TRUE + _FALSE:
+                raise ValueError(f"{_collector_env(name)}={env!r}: expected 1 or 0")
+            flag = (env in _TRUE) if env else spec.enabled_by_default
+        if flag:
+            names.append(name)
+    return names
+
+
+def parse_listen_address(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--web.listen-address {value!r}: expected [host]:port")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _log_globs(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.nccl_log_globs:
+        return tuple(args.nccl_log_globs)
+    env = os.environ.get(contract.ENV_EXPORTER_NCCL_LOG_GLOB)
+    if env is not None:
+        return tuple(g for g in env.split(":") if g)
+    return (DEFAULT_NCCL_LOG_GLOB,)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import prometheus_client  # noqa: F401  (the exporter extra's dependencies)
+        import psutil  # noqa: F401
+    except ImportError as error:
+        print(
+            f"trainguard-exporter: {error.name} is missing; "
+            "install the exporter extra: pip install 'trainguard[exporter]'",
+            file=sys.stderr,
+        )
+        return 2
+    from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+
+    from trainguard.exporters.procs import ProcfsSource, SysfsHost
+    from trainguard.exporters.provider import GpuProvider
+    from trainguard.exporters.registry import (
+        ExporterContext,
+        ExporterSettings,
+        ScrapeSupervisor,
+        registered,
+    )
+
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        host, port = parse_listen_address(args.listen_address)
+        names = enabled_collectors(args)
+    except ValueError as error:
+        print(f"trainguard-exporter: {error}", file=sys.stderr)
+        return 2
+    processes = ProcfsSource(args.proc_root)
+    provider: GpuProvider
+    if args.simulate_gpus is not None:
+        from trainguard.exporters.simulated import SimulatedProvider
+
+        if args.simulate_gpus < 1:
+            print("trainguard-exporter: --simulate-gpus needs N >= 1", file=sys.stderr)
+            return 2
+        provider = SimulatedProvider(args.simulate_gpus, processes)
+        log.warning("simulating %d GPUs: every GPU value is made up", args.simulate_gpus)
+    else:
+        from trainguard.exporters.nvml import NvmlProvider
+
+        provider = NvmlProvider()
+    settings = ExporterSettings(
+        hostname=args.node, dcgm_compat=args.dcgm_compat, nccl_log_globs=_log_globs(args)
+    )
+    context = ExporterContext(provider, processes, SysfsHost(args.sys_root), settings)
+    specs = registered()
+    supervisor = ScrapeSupervisor({n: specs[n].factory(context) for n in names}, provider.kind)
+    registry = CollectorRegistry()
+    registry.register(supervisor)
+    ProcessCollector(registry=registry)  # the exporter's own CPU and memory
+    try:
+        server, _ = start_http_server(port, addr=host, registry=registry)
+    except OSError as error:
+        print(
+            f"trainguard-exporter: cannot listen on {args.listen_address}: {error}", file=sys.stderr
+        )
+        supervisor.close()
+        provider.close()
+        return 1
+    bound = server.server_address[1]
+    print(
+        f"trainguard-exporter listening on http://{host}:{bound}/metrics "
+        f"(provider {provider.kind}; collectors {', '.join(names) or 'none'})",
+        file=sys.stderr,
+        flush=True,
+    )
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    stop.wait()
+    server.shutdown()
+    server.server_close()
+    supervisor.close()
+    provider.close()
+    log.info("stopped")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``trainguard-exporter`` console script."""
+    parser = argparse.ArgumentParser(
+        prog="trainguard-exporter", description="trainguard's node exporter (GPUs, NCCL)."
+    )
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

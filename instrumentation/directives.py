@@ -1,0 +1,178 @@
+"""The directive client: how a training rank receives instructions from the remediation service.
+
+A :class:`DirectiveClient` long-polls ``GET /v1/directives?job_id=&rank=`` on a daemon thread,
+hands each directive to a callback and acknowledges it (``POST /v1/directives/{id}/ack``) with
+the callback's outcome. It never raises into the training process: network and server errors are
+logged and retried with capped exponential back-off, and a callback that raises is acknowledged
+as a failure. A directive whose acknowledgement could not be delivered is not handed to the
+callback a second time when the service offers it again; only the acknowledgement is retried.
+
+Only the standard library is used, so the hook adds no dependency for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard import contract
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Directive:
+    """One instruction: ``kind`` is an action of the remediation catalogue (checkpoint_now,
+    dump_diagnostics, set_grad_compression, split_micro_batches, set_collective_timeout)."""
+
+    id: int
+    kind: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+DirectiveCallback = Callable[[Directive], None]
+
+
+class DirectiveClient:
+    """Receives directives for one rank of one job; ``start``/``stop`` are idempotent."""
+
+    def __init__(
+        self,
+        url: str,
+        job_id: str,
+        rank: int,
+        callback: DirectiveCallback,
+        *,
+        token: str | None = None,
+        poll_seconds: float = 25.0,
+        backoff_initial: float = 1.0,
+        backoff_max: float = 60.0,
+    ) -> None:
+        self._base = url.rstrip("/")
+        self._job_id = job_id
+        self._rank = rank
+        self._callback = callback
+        self._token = token
+        self._poll_seconds = poll_seconds
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Directives handled whose ack has not reached the service yet.
+        self._unacked: dict[int, tuple[str, str]] = {}
+        self.handled = 0
+        self.errors = 0
+
+    @classmethod
+    def from_env(
+        cls, callback: DirectiveCallback, environ: Mapping[str, str] | None = None
+    ) -> DirectiveClient | None:
+        """A client configured from torchrun's and trainguard's variables; None when
+        ``TRAINGUARD_REMEDIATION_URL`` is unset."""
+        env = os.environ if environ is None else environ
+        url = env.get(contract.ENV_REMEDIATION_URL)
+        if not url:
+            return None
+        return cls(
+            url,
+            env.get(contract.ENV_JOB_ID) or env.get("TORCHELASTIC_RUN_ID", "unknown"),
+            int(env.get("RANK", "0")),
+            callback,
+            token=env.get(contract.ENV_REMEDIATION_TOKEN) or None,
+        )
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        with self._lock:
+            if self.running:
+                return
+            self._stop = threading.Event()
+            self._thread = threading.Thread(
+                target=self._run,
+                args=(self._stop,),
+                name=f"trainguard-directives-rank{self._rank}",
+                daemon=True,
+            )
+            self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop polling. A long-poll in flight is abandoned (the thread is a daemon); the
+        thread is joined for at most ``timeout`` seconds (default: one poll plus a margin)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self._poll_seconds + 5.0 if timeout is None else timeout)
+
+    # --- the polling thread ----------------------------------------------------------------
+    def _run(self, stop: threading.Event) -> None:
+        delay = self._backoff_initial
+        while not stop.is_set():
+            try:
+                for directive in self._poll():
+                    if stop.is_set():
+                        return
+                    self._handle(directive)
+            except Exception as exc:
+                self.errors += 1
+                if self.errors == 1 or self.errors % 100 == 0:
+                    log.warning("directive poll failed (%d so far): %r", self.errors, exc)
+                # Jitter keeps thousands of ranks from retrying in lockstep after an outage.
+                stop.wait(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, self._backoff_max)
+            else:
+                delay = self._backoff_initial
+
+    def _request(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self._base + path, data=data, method=method)
+        request.add_header("Accept", "application/json")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        if self._token:
+            request.add_header("Authorization", f"Bearer {self._token}")
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw = response.read()
+        return json.loads(raw) if raw else None
+
+    def _poll(self) -> list[Directive]:
+        query = urllib.parse.urlencode(
+            {"job_id": self._job_id, "rank": self._rank, "wait": self._poll_seconds}
+        )
+        document = self._request("GET", f"/v1/directives?{query}", timeout=self._poll_seconds + 10)
+        return [
+            Directive(id=int(d["id"]), kind=str(d["kind"]), params=dict(d.get("params") or {}))
+            for d in document["directives"]
+        ]
+
+    def _handle(self, directive: Directive) -> None:
+        if directive.id not in self._unacked:
+            try:
+                self._callback(directive)
+            except Exception as exc:
+                log.warning("directive %s (%s) failed: %r", directive.id, directive.kind, exc)
+                self._unacked[directive.id] = ("failure", repr(exc)[:4000])
+            else:
+                self._unacked[directive.id] = ("success", "")
+            self.handled += 1
+        outcome, detail = self._unacked[directive.id]
+        body = {"rank": self._rank, "outcome": outcome, "detail": detail}
+        try:
+            self._request("POST", f"/v1/directives/{directive.id}/ack", body)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+        del self._unacked[directive.id]

@@ -1,0 +1,238 @@
+"""The HTTP routes. They validate, call the engine or a query, and map errors to status codes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from functools import partial
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Query, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from trainguard import contract
+from trainguard.events import log_event
+from trainguard.remediation import queries
+from trainguard.remediation.deps import (
+    Authenticated,
+    HubDep,
+    MetricsDep,
+    RuntimeDep,
+    SettingsDep,
+    StoreDep,
+    WorkerDep,
+)
+from trainguard.remediation.engine import ConflictError, Engine, NotFoundError
+from trainguard.remediation.models import (
+    ActionList,
+    ActionState,
+    ActionView,
+    AlertStatus,
+    BreakerList,
+    Decision,
+    DirectiveAck,
+    DirectiveList,
+    WebhookPayload,
+    WebhookResult,
+)
+from trainguard.remediation.store import StoreError
+
+log = logging.getLogger(__name__)
+
+router = APIRouter()
+v1 = APIRouter(prefix="/v1", dependencies=[Authenticated])
+
+ActionId = Annotated[int, Path(ge=1, le=2**62)]
+_UNAVAILABLE = "the store could not commit; retry"
+
+
+@v1.post("/alertmanager", response_model=WebhookResult, tags=["alertmanager"])
+async def alertmanager(payload: WebhookPayload, runtime: RuntimeDep) -> WebhookResult:
+    """Alertmanager's webhook (payload version 4). 200 only once the alerts are on disk."""
+    # One dependency rather than four: this is the hot path, and each costs a resolution.
+    store, engine, metrics, worker = runtime.store, runtime.engine, runtime.metrics, runtime.worker
+    started = time.perf_counter()
+    try:
+        result, planned = await store.write(engine.ingest(payload))
+    except StoreError as exc:
+        metrics.webhook_rejected.labels("unavailable").inc()
+        # Alertmanager retries on 5xx: nothing was acknowledged, nothing is lost.
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, _UNAVAILABLE) from exc
+    if planned.queued:
+        worker.wake()
+    firing = len(payload.alerts) - result.resolved
+    if firing:
+        metrics.alerts_received.labels(AlertStatus.FIRING.value).inc(firing)
+    if result.resolved:
+        metrics.alerts_received.labels(AlertStatus.RESOLVED.value).inc(result.resolved)
+    if result.duplicates:
+        metrics.alerts_deduplicated.inc(result.duplicates)
+    metrics.record_decisions(planned.decisions)
+    for action, state in planned.decisions:
+        log_event(
+            f"decision: {action} -> {state.value}",
+            contract.EventKind.DECISION,
+            level=logging.INFO,
+            logger=log,
+            details={"action": action, "state": state.value, "group_key": payload.group_key},
+        )
+    metrics.webhook_duration.observe(time.perf_counter() - started)
+    return result
+
+
+@v1.get("/actions", response_model=ActionList, tags=["audit"])
+def list_actions(
+    store: StoreDep,
+    state: ActionState | None = None,
+    subject: Annotated[str | None, Query(max_length=256)] = None,
+    before_id: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> ActionList:
+    """The audit trail, newest first; page with ``before_id``."""
+    actions = store.read(
+        lambda conn: queries.list_actions(
+            conn, state=state, subject=subject, before_id=before_id, limit=limit
+        )
+    )
+    return ActionList(actions=actions)
+
+
+@v1.get("/actions/{action_id}", response_model=ActionView, tags=["audit"])
+def get_action(action_id: ActionId, store: StoreDep) -> ActionView:
+    view = store.read(lambda conn: queries.get_action(conn, action_id))
+    if view is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no action {action_id}")
+    return view
+
+
+async def _decide(
+    action_id: int, approve: bool, decision: Decision | None, store: StoreDep, worker: WorkerDep
+) -> ActionView:
+    try:
+        await store.write(Engine.decide(action_id, approve, decision or Decision()))
+    except NotFoundError as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    except ConflictError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+    except StoreError as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, _UNAVAILABLE) from exc
+    if approve:
+        worker.wake()
+    view = await run_in_threadpool(store.read, lambda conn: queries.get_action(conn, action_id))
+    assert view is not None  # it was just updated and actions are never deleted
+    return view
+
+
+@v1.post("/actions/{action_id}/approve", response_model=ActionView, tags=["audit"])
+async def approve(
+    action_id: ActionId, store: StoreDep, worker: WorkerDep, decision: Decision | None = None
+) -> ActionView:
+    """Let an action that waits for approval run (409 if it is not waiting)."""
+    return await _decide(action_id, True, decision, store, worker)
+
+
+@v1.post("/actions/{action_id}/reject", response_model=ActionView, tags=["audit"])
+async def reject(
+    action_id: ActionId, store: StoreDep, worker: WorkerDep, decision: Decision | None = None
+) -> ActionView:
+    """Refuse an action that waits for approval (409 if it is not waiting)."""
+    return await _decide(action_id, False, decision, store, worker)
+
+
+@v1.get("/breakers", response_model=BreakerList, tags=["guards"])
+def list_breakers(store: StoreDep) -> BreakerList:
+    """Jobs (or ``node:<name>``) whose action budget tripped their circuit breaker."""
+    return BreakerList(breakers=store.read(queries.breakers))
+
+
+@v1.post("/breakers/{subject}/reset", status_code=status.HTTP_204_NO_CONTENT, tags=["guards"])
+async def reset_breaker(subject: Annotated[str, Path(max_length=256)], store: StoreDep) -> None:
+    """Close a tripped circuit breaker (the manual reset it waits for)."""
+    try:
+        await store.write(Engine.reset_breaker(subject))
+    except NotFoundError as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    except StoreError as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, _UNAVAILABLE) from exc
+    log.warning("circuit breaker for %s reset", subject)
+
+
+@v1.get("/directives", response_model=DirectiveList, tags=["directives"])
+async def directives(
+    job_id: Annotated[str, Query(min_length=1, max_length=256)],
+    rank: Annotated[int, Query(ge=0, le=2**31)],
+    store: StoreDep,
+    hub: HubDep,
+    settings: SettingsDep,
+    wait: Annotated[float, Query(ge=0, le=3600, description="Long-poll seconds.")] = 25.0,
+) -> DirectiveList:
+    """Directives for this rank not yet acknowledged; waits up to ``wait`` s for one."""
+    deadline = time.monotonic() + min(wait, settings.long_poll_max_seconds)
+    while True:
+        version = hub.version(job_id)
+        found = await run_in_threadpool(
+            store.read,
+            partial(
+                queries.pending_directives,
+                job_id=job_id,
+                rank=rank,
+                since=time.time() - settings.directive_ttl_seconds,
+            ),
+        )
+        remaining = deadline - time.monotonic()
+        if found or remaining <= 0:
+            return DirectiveList(directives=found)
+        await hub.wait(job_id, version, remaining)
+
+
+@v1.post(
+    "/directives/{directive_id}/ack",
+    status_code=status.HTTP_204_NO_CONTENT,
+    tags=["directives"],
+)
+async def ack_directive(
+    directive_id: ActionId, ack: DirectiveAck, store: StoreDep, metrics: MetricsDep
+) -> None:
+    """A rank has carried out (or failed to carry out) a directive."""
+    try:
+        await store.write(Engine.ack(directive_id, ack))
+    except NotFoundError as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    except ConflictError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+    except StoreError as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, _UNAVAILABLE) from exc
+    metrics.directive_acks.labels(ack.outcome.value).inc()
+
+
+@router.get("/metrics", response_class=PlainTextResponse, tags=["operations"])
+def metrics_endpoint(metrics: MetricsDep) -> Response:
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/healthz", tags=["operations"])
+def healthz() -> dict[str, str]:
+    """The process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["operations"])
+async def readyz(store: StoreDep, worker: WorkerDep, response: Response) -> dict[str, str]:
+    """The store commits and the worker runs."""
+    problems = []
+    if not worker.alive():
+        problems.append("worker not running")
+    try:
+        await asyncio.wait_for(store.write(lambda conn: None), timeout=2.0)
+    except (StoreError, TimeoutError) as exc:
+        problems.append(f"store: {exc!r}")
+    if problems:
+        response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+        return {"status": "; ".join(problems)}
+    return {"status": "ready"}
+
+
+router.include_router(v1)

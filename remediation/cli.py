@@ -1,0 +1,94 @@
+"""``trainguard remediation`` and ``trainguard-remediation``: run the service.
+
+Settings come from the environment (``TRAINGUARD_REMEDIATION_*``); the flags here override the
+ones an operator changes most. ``--check-policy`` validates a policy file and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="listen port (default 9095)")
+    parser.add_argument("--db", type=Path, help="SQLite database file")
+    parser.add_argument("--policy", type=Path, help="YAML policy (default: the shipped policy)")
+    parser.add_argument("--token-file", type=Path, help="file holding the bearer token")
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="execute actions (the default is dry-run: decisions are only recorded)",
+    )
+    parser.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="accept requests without a bearer token (local development only)",
+    )
+    parser.add_argument("--check-policy", action="store_true", help="validate the policy and exit")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from trainguard.remediation.policy import PolicyError, load_policy
+    from trainguard.remediation.settings import ConfigurationError, Settings
+
+    if args.check_policy:
+        try:
+            policy = load_policy(args.policy)
+        except PolicyError as exc:
+            print(f"invalid policy: {exc}", file=sys.stderr)
+            return 1
+        print(f"policy ok: {len(policy.rules)} rules for {len(policy.alerts())} alerts")
+        return 0
+
+    overrides: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("host", args.host),
+            ("port", args.port),
+            ("db_path", args.db),
+            ("policy_file", args.policy),
+            ("token_file", args.token_file),
+        )
+        if value is not None
+    }
+    if args.live:
+        overrides["dry_run"] = False
+    if args.insecure_no_auth:
+        overrides["insecure_no_auth"] = True
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = Settings(**overrides)
+        from trainguard.remediation.app import create_app
+
+        app = create_app(settings)
+    except (ConfigurationError, PolicyError, ValidationError) as exc:
+        print(f"trainguard-remediation: {exc}", file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level.lower())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="trainguard-remediation", description="The trainguard remediation service."
+    )
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

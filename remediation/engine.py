@@ -1,0 +1,459 @@
+"""Decisions: what an alert calls for, held against the guards, recorded in the store.
+
+Every function that changes state returns a *unit*, a function the store's writer runs inside a
+transaction, so a decision and the guard state it read (cooldowns, budget, circuit breaker) are
+consistent even with many notifications in flight.
+
+Guards, in the order they apply to each planned action:
+
+1. circuit breaker: a subject (the job, or ``node:<name>`` for node alerts) whose breaker is
+   open gets nothing until an operator resets it;
+2. cooldown: the same action for the same subject is held back for ``cooldown_seconds``;
+3. budget: more than ``budget_per_hour`` actions for a subject in a rolling hour trips its
+   breaker (and holds the action back);
+4. dry-run: the decision is recorded and nothing is done (the default);
+5. approval: destructive actions wait for an operator's approval.
+
+Dry-run decisions count towards cooldown and budget so that a dry run shows what a live run would
+have done, breaker trips included.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import string
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from trainguard import contract
+from trainguard.remediation.actions import CATALOG, ActionKind
+from trainguard.remediation.models import (
+    PENDING_STATES,
+    ActionState,
+    AlertStatus,
+    Decision,
+    DirectiveAck,
+    WebhookAlert,
+    WebhookPayload,
+    WebhookResult,
+)
+from trainguard.remediation.policy import Policy, Step
+
+SCHEDULERS = ("local", "kubernetes", "slurm")
+HOUR = 3600.0
+# States of actions that count towards cooldown and budget: everything that was or would
+# have been carried out.
+COUNTED_STATES = (
+    ActionState.DRY_RUN,
+    ActionState.AWAITING_APPROVAL,
+    ActionState.QUEUED,
+    ActionState.RUNNING,
+    ActionState.SUCCEEDED,
+    ActionState.FAILED,
+)
+_COUNTED_SQL = ",".join(f"'{s.value}'" for s in COUNTED_STATES)
+_PENDING_SQL = ",".join(f"'{s.value}'" for s in PENDING_STATES)
+# The state filter is spelled exactly as in the partial index ``actions_counted`` so that SQLite
+# uses it: suppressed and skipped actions (an alert storm's bulk) never slow the guards down.
+COUNTED_FILTER = f"state IN ({_COUNTED_SQL})"
+_GUARD_SQL = f"""
+SELECT
+    (SELECT reason FROM breakers WHERE subject = ?) AS breaker,
+    (SELECT MAX(created_at) FROM actions
+     WHERE subject = ? AND action = ? AND {COUNTED_FILTER}) AS last,
+    (SELECT COUNT(*) FROM actions INDEXED BY actions_counted
+     WHERE subject = ? AND created_at > ? AND {COUNTED_FILTER}) AS used
+"""
+
+
+class NotFoundError(LookupError):
+    pass
+
+
+class ConflictError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Guards:
+    dry_run: bool = True
+    require_approval: bool = True
+    cooldown_seconds: float = 900.0
+    budget_per_hour: int = 6
+    default_scheduler: str = "local"
+
+
+@dataclass
+class Planned:
+    """What a unit decided: new action ids, and those the worker should pick up."""
+
+    actions: list[int] = field(default_factory=list)
+    queued: list[int] = field(default_factory=list)
+    decisions: list[tuple[str, ActionState]] = field(default_factory=list)
+
+
+def record_transition(conn: sqlite3.Connection, action_id: int, state: str, note: str) -> None:
+    conn.execute(
+        "INSERT INTO transitions (action_id, state, at, note) VALUES (?, ?, ?, ?)",
+        (action_id, state, time.time(), note),
+    )
+
+
+def set_state(
+    conn: sqlite3.Connection,
+    action_id: int,
+    state: ActionState,
+    note: str,
+    *,
+    expect: tuple[ActionState, ...] | None = None,
+    **columns: Any,
+) -> bool:
+    """Move an action to ``state`` (only from one of ``expect`` when given); False if it wasn't."""
+    assignments = ["state = ?", "updated_at = ?", *(f"{name} = ?" for name in columns)]
+    values: list[Any] = [state.value, time.time(), *columns.values()]
+    sql = f"UPDATE actions SET {', '.join(assignments)} WHERE id = ?"
+    values.append(action_id)
+    if expect is not None:
+        sql += f" AND state IN ({','.join('?' for _ in expect)})"
+        values.extend(s.value for s in expect)
+    if conn.execute(sql, values).rowcount == 0:
+        return False
+    record_transition(conn, action_id, state.value, note)
+    return True
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+class Engine:
+    """Turns alerts into recorded, guarded actions."""
+
+    def __init__(self, policy: Policy, guards: Guards) -> None:
+        self.policy = policy
+        self.guards = guards
+
+    # --- the webhook -----------------------------------------------------------------------
+    def ingest(
+        self, payload: WebhookPayload, now: float | None = None
+    ) -> Callable[[sqlite3.Connection], tuple[WebhookResult, Planned]]:
+        def unit(conn: sqlite3.Connection) -> tuple[WebhookResult, Planned]:
+            at = time.time() if now is None else now
+            planned = Planned()
+            stored = duplicates = resolved = cancelled = 0
+            for alert in payload.alerts:
+                alert_id, notifications = self._store_alert(conn, payload, alert, at)
+                if notifications == 1:
+                    stored += 1
+                else:
+                    duplicates += 1
+                if alert.status is AlertStatus.RESOLVED:
+                    resolved += 1
+                    cancelled += self._cancel_pending(conn, alert.fingerprint)
+                else:
+                    new = notifications == 1  # a new alert has no planned steps to look up
+                    self._plan(
+                        conn,
+                        alert_id,
+                        alert.name,
+                        alert.labels,
+                        alert.starts_at,
+                        at,
+                        planned,
+                        new=new,
+                    )
+            result = WebhookResult(
+                stored=stored,
+                duplicates=duplicates,
+                resolved=resolved,
+                cancelled_actions=cancelled,
+                planned_actions=planned.actions,
+            )
+            return result, planned
+
+        return unit
+
+    @staticmethod
+    def _store_alert(
+        conn: sqlite3.Connection, payload: WebhookPayload, alert: WebhookAlert, at: float
+    ) -> tuple[int, int]:
+        # A notification repeated by Alertmanager (retry, repeat_interval, HA peers) lands on
+        # the same (fingerprint, startsAt) row; only a resolution changes it.
+        row = conn.execute(
+            """
+            INSERT INTO alerts (fingerprint, starts_at, name, status, labels, annotations,
+                                ends_at, generator_url, group_key, receiver, received_at)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (fingerprint, starts_at) DO UPDATE SET
+                notifications = notifications + 1,
+                status = CASE WHEN excluded.status = 'resolved' THEN 'resolved' ELSE status END,
+                ends_at = CASE WHEN excluded.status = 'resolved' THEN excluded.ends_at
+                               ELSE ends_at END
+            RETURNING id, notifications
+            """,
+            (
+                alert.fingerprint,
+                alert.starts_at.isoformat(),
+                alert.name,
+                alert.status.value,
+                json.dumps(alert.labels, sort_keys=True),
+                json.dumps(alert.annotations, sort_keys=True),
+                _iso(alert.ends_at_or_none),
+                alert.generator_url,
+                payload.group_key,
+                payload.receiver,
+                at,
+            ),
+        ).fetchone()
+        return int(row["id"]), int(row["notifications"])
+
+    @staticmethod
+    def _cancel_pending(conn: sqlite3.Connection, fingerprint: str) -> int:
+        rows = conn.execute(
+            f"""
+            SELECT actions.id FROM actions JOIN alerts ON alerts.id = actions.alert_id
+            WHERE alerts.fingerprint = ? AND actions.state IN ({_PENDING_SQL})
+            """,
+            (fingerprint,),
+        ).fetchall()
+        for row in rows:
+            set_state(
+                conn,
+                row["id"],
+                ActionState.CANCELLED,
+                "the alert resolved before the action ran",
+                expect=PENDING_STATES,
+            )
+        return len(rows)
+
+    # --- deferred steps --------------------------------------------------------------------
+    def sweep(self, now: float | None = None) -> Callable[[sqlite3.Connection], Planned]:
+        """Plan the steps of firing alerts whose ``after_seconds`` has now passed."""
+
+        def unit(conn: sqlite3.Connection) -> Planned:
+            at = time.time() if now is None else now
+            planned = Planned()
+            # Only alerts with a step coming due are looked at, not every firing alert.
+            rows = conn.execute(
+                """
+                SELECT alerts.id, name, labels, starts_at, ends_at, status
+                FROM deferred JOIN alerts ON alerts.id = deferred.alert_id
+                WHERE deferred.due_at <= ?
+                """,
+                (at,),
+            ).fetchall()
+            for row in rows:
+                conn.execute("DELETE FROM deferred WHERE alert_id = ?", (row["id"],))
+                if row["status"] != AlertStatus.FIRING.value or (
+                    row["ends_at"] is not None
+                    and datetime.fromisoformat(row["ends_at"]).timestamp() < at
+                ):
+                    continue  # Alertmanager would have resolved it by now
+                self._plan(
+                    conn,
+                    row["id"],
+                    row["name"],
+                    json.loads(row["labels"]),
+                    datetime.fromisoformat(row["starts_at"]),
+                    at,
+                    planned,
+                )
+            return planned
+
+        return unit
+
+    # --- planning and guards ---------------------------------------------------------------
+    def _plan(
+        self,
+        conn: sqlite3.Connection,
+        alert_id: int,
+        alertname: str,
+        labels: Mapping[str, str],
+        starts_at: datetime,
+        at: float,
+        planned: Planned,
+        *,
+        new: bool = False,
+    ) -> None:
+        rule = self.policy.plan(alertname, labels)
+        if rule is None:
+            return
+        done: set[int] = set()
+        if not new:
+            rows = conn.execute("SELECT step FROM actions WHERE alert_id = ?", (alert_id,))
+            done = {row["step"] for row in rows}
+        firing_for = at - starts_at.timestamp()
+        next_due: float | None = None
+        for index, step in enumerate(rule.actions):
+            if index in done:
+                continue
+            if firing_for < step.after_seconds:
+                due = starts_at.timestamp() + step.after_seconds
+                next_due = due if next_due is None else min(next_due, due)
+                continue
+            action_id, state = self._decide(conn, alert_id, index, step, labels, at, firing_for)
+            planned.actions.append(action_id)
+            planned.decisions.append((step.action, state))
+            if state is ActionState.QUEUED:
+                planned.queued.append(action_id)
+        if next_due is not None:
+            conn.execute(
+                "INSERT OR REPLACE INTO deferred (alert_id, due_at) VALUES (?, ?)",
+                (alert_id, next_due),
+            )
+
+    def _decide(
+        self,
+        conn: sqlite3.Connection,
+        alert_id: int,
+        index: int,
+        step: Step,
+        labels: Mapping[str, str],
+        at: float,
+        firing_for: float,
+    ) -> tuple[int, ActionState]:
+        spec = CATALOG[step.action]
+        job_id = labels.get(contract.LABEL_JOB_ID, "")
+        node = labels.get(contract.LABEL_NODE, "")
+        subject = job_id or (f"node:{node}" if node else "")
+        executor, params = self._route(step, labels)
+        missing = [name for name in spec.needs if not labels.get(name)]
+        state, reason = ActionState.QUEUED, "policy"
+        if missing:
+            state, reason = ActionState.SKIPPED, f"the alert has no {', '.join(missing)} label"
+        elif executor is None:
+            scheduler = labels.get(contract.LABEL_SCHEDULER, "")
+            state, reason = ActionState.SKIPPED, f"unknown scheduler {scheduler!r}"
+        else:
+            state, reason = self._guard(conn, subject, step, at)
+        if state is ActionState.QUEUED:
+            if self.guards.dry_run:
+                state = ActionState.DRY_RUN
+                reason = "dry-run: recorded, not executed"
+                if spec.destructive and self.guards.require_approval:
+                    reason += " (would wait for approval)"
+            elif spec.destructive and self.guards.require_approval:
+                state, reason = ActionState.AWAITING_APPROVAL, "destructive: waits for approval"
+        reason = f"{reason}; alert firing for {firing_for:.0f}s"
+        row = conn.execute(
+            """
+            INSERT INTO actions (alert_id, step, subject, action, executor, params, destructive,
+                                 state, reason, created_at, updated_at)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id
+            """,
+            (
+                alert_id,
+                index,
+                subject,
+                step.action,
+                executor or "",
+                json.dumps(params, sort_keys=True),
+                int(spec.destructive),
+                state.value,
+                reason,
+                at,
+                at,
+            ),
+        ).fetchone()
+        action_id = int(row["id"])
+        record_transition(conn, action_id, state.value, reason)
+        return action_id, state
+
+    def _route(self, step: Step, labels: Mapping[str, str]) -> tuple[str | None, dict[str, Any]]:
+        spec = CATALOG[step.action]
+        params = dict(step.params)
+        if spec.kind is ActionKind.DIRECTIVE:
+            return "directive", params
+        if spec.kind is ActionKind.RECOMMEND:
+            params["text"] = string.Template(str(params.get("text", ""))).safe_substitute(labels)
+            return "recommend", params
+        scheduler = labels.get(contract.LABEL_SCHEDULER) or self.guards.default_scheduler
+        return (scheduler if scheduler in SCHEDULERS else None), params
+
+    def _guard(
+        self, conn: sqlite3.Connection, subject: str, step: Step, at: float
+    ) -> tuple[ActionState, str]:
+        # One statement for all three guards: the webhook's cost is mostly statements.
+        row = conn.execute(
+            _GUARD_SQL, (subject, subject, step.action, subject, at - HOUR)
+        ).fetchone()
+        if row["breaker"] is not None:
+            return ActionState.SUPPRESSED, f"circuit breaker open for {subject}: {row['breaker']}"
+        cooldown = (
+            self.guards.cooldown_seconds if step.cooldown_seconds is None else step.cooldown_seconds
+        )
+        last = row["last"]
+        if last is not None and at - last < cooldown:
+            return (
+                ActionState.SUPPRESSED,
+                f"cooldown: {step.action} for {subject} {at - last:.0f}s ago (< {cooldown:.0f}s)",
+            )
+        used = row["used"]
+        if used >= self.guards.budget_per_hour:
+            why = f"budget of {self.guards.budget_per_hour} actions per hour exhausted"
+            conn.execute(
+                "INSERT OR IGNORE INTO breakers (subject, tripped_at, reason) VALUES (?, ?, ?)",
+                (subject, at, why),
+            )
+            return ActionState.SUPPRESSED, f"{why}; circuit breaker tripped for {subject}"
+        return ActionState.QUEUED, "policy"
+
+    # --- operators -------------------------------------------------------------------------
+    @staticmethod
+    def decide(
+        action_id: int, approve: bool, decision: Decision
+    ) -> Callable[[sqlite3.Connection], ActionState]:
+        def unit(conn: sqlite3.Connection) -> ActionState:
+            row = conn.execute("SELECT state FROM actions WHERE id = ?", (action_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"no action {action_id}")
+            target = ActionState.QUEUED if approve else ActionState.REJECTED
+            verb = "approved" if approve else "rejected"
+            note = f"{verb} by {decision.by or 'an operator'}"
+            if decision.comment:
+                note += f": {decision.comment}"
+            if not set_state(
+                conn, action_id, target, note, expect=(ActionState.AWAITING_APPROVAL,)
+            ):
+                waiting = ActionState.AWAITING_APPROVAL.value
+                raise ConflictError(f"action {action_id} is {row['state']}, not {waiting}")
+            return target
+
+        return unit
+
+    @staticmethod
+    def reset_breaker(subject: str) -> Callable[[sqlite3.Connection], None]:
+        def unit(conn: sqlite3.Connection) -> None:
+            if conn.execute("DELETE FROM breakers WHERE subject = ?", (subject,)).rowcount == 0:
+                raise NotFoundError(f"no open circuit breaker for {subject!r}")
+
+        return unit
+
+    @staticmethod
+    def ack(directive_id: int, ack: DirectiveAck) -> Callable[[sqlite3.Connection], None]:
+        def unit(conn: sqlite3.Connection) -> None:
+            row = conn.execute(
+                "SELECT action_id, rank FROM directives WHERE id = ?", (directive_id,)
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(f"no directive {directive_id}")
+            if row["rank"] is not None and row["rank"] != ack.rank:
+                raise ConflictError(f"directive {directive_id} is for rank {row['rank']}")
+            inserted = conn.execute(
+                """
+                INSERT OR IGNORE INTO directive_acks (directive_id, rank, outcome, detail, at)
+                VALUES (?, ?, ?, ?, ?)
+                """,
+                (directive_id, ack.rank, ack.outcome.value, ack.detail, time.time()),
+            ).rowcount
+            if inserted and row["action_id"] is not None:
+                note = f"rank {ack.rank} acknowledged: {ack.outcome.value}"
+                if ack.detail:
+                    note += f" ({ack.detail})"
+                record_transition(conn, row["action_id"], "acknowledged", note)
+
+        return unit

@@ -1,0 +1,56 @@
+"""Executors: what carries out an action on the scheduler a job runs on.
+
+Each executor implements two steps. ``prepare`` looks at the world without changing it and
+returns a *snapshot* of the targets (the worker processes, the pods and their UIDs, the Slurm
+job's restart count); the worker commits the snapshot with the ``running`` state before it calls
+``execute``. ``execute`` acts only on what the snapshot names and is idempotent given it: run
+twice (because the service was killed between acting and recording the result) it changes
+nothing the second time. That is how an action runs exactly once across ``kill -9``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class ExecutionError(RuntimeError):
+    """The action could not be carried out; the message says why."""
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """What an executor gets to know about an action."""
+
+    id: int
+    action: str
+    executor: str
+    subject: str
+    params: Mapping[str, Any]
+    alertname: str
+    labels: Mapping[str, str]
+
+
+class Executor(Protocol):
+    """Carries out the actions it names for one scheduler or channel."""
+
+    name: str
+    actions: frozenset[str]
+
+    def prepare(self, action: ActionRecord) -> dict[str, Any]: ...
+
+    def execute(self, action: ActionRecord, snapshot: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+class RecommendExecutor:
+    """Records advice; nothing outside the audit trail changes."""
+
+    name = "recommend"
+    actions = frozenset({"recommend"})
+
+    def prepare(self, action: ActionRecord) -> dict[str, Any]:
+        return {}
+
+    def execute(self, action: ActionRecord, snapshot: Mapping[str, Any]) -> dict[str, Any]:
+        return {"recommendation": str(action.params.get("text", ""))}

@@ -1,0 +1,177 @@
+"""Wire models: the Alertmanager webhook (version 4) and the service's own API documents."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+ALERTNAME = "alertname"
+
+
+class AlertStatus(str, enum.Enum):
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+class _Camel(BaseModel):
+    # Alertmanager spells fields in camelCase; Python code uses snake_case.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class WebhookAlert(_Camel):
+    """One alert of a notification."""
+
+    status: AlertStatus
+    labels: dict[str, str]
+    annotations: dict[str, str] = Field(default_factory=dict)
+    starts_at: datetime
+    ends_at: datetime | None = None
+    generator_url: str = Field(default="", alias="generatorURL")
+    fingerprint: str = Field(min_length=1, max_length=128)
+
+    @field_validator("labels")
+    @classmethod
+    def _has_alertname(cls, labels: dict[str, str]) -> dict[str, str]:
+        if not labels.get(ALERTNAME):
+            raise ValueError(f"labels must contain a non-empty {ALERTNAME!r}")
+        return labels
+
+    @property
+    def name(self) -> str:
+        return self.labels[ALERTNAME]
+
+    @property
+    def ends_at_or_none(self) -> datetime | None:
+        # Alertmanager sends the zero time (year 1) for alerts with no known end.
+        if self.ends_at is None or self.ends_at.year <= 1:
+            return None
+        return self.ends_at
+
+
+class WebhookPayload(_Camel):
+    """The body Alertmanager POSTs to a webhook receiver (payload version 4)."""
+
+    version: Literal["4"]
+    group_key: str
+    truncated_alerts: int = Field(default=0, ge=0)
+    status: AlertStatus
+    receiver: str
+    group_labels: dict[str, str] = Field(default_factory=dict)
+    common_labels: dict[str, str] = Field(default_factory=dict)
+    common_annotations: dict[str, str] = Field(default_factory=dict)
+    external_url: str = Field(default="", alias="externalURL")
+    alerts: list[WebhookAlert] = Field(min_length=1)
+
+
+class WebhookResult(BaseModel):
+    """What the webhook stored: counts, and the ids of actions it planned."""
+
+    stored: int
+    duplicates: int
+    resolved: int
+    cancelled_actions: int
+    planned_actions: list[int]
+
+
+class ActionState(str, enum.Enum):
+    """Where an action is in its life; the audit trail records every change."""
+
+    SKIPPED = "skipped"  # the alert lacks what the action needs (no job_id, no node)
+    SUPPRESSED = "suppressed"  # a guard held it back (cooldown, budget, circuit breaker)
+    DRY_RUN = "dry_run"  # recorded only; dry-run mode
+    AWAITING_APPROVAL = "awaiting_approval"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"  # the alert resolved before it ran
+
+
+PENDING_STATES = (ActionState.AWAITING_APPROVAL, ActionState.QUEUED)
+
+
+class Transition(BaseModel):
+    state: str
+    at: datetime
+    note: str
+
+
+class AlertSummary(BaseModel):
+    id: int
+    name: str
+    fingerprint: str
+    status: AlertStatus
+    starts_at: datetime
+    labels: dict[str, str]
+    annotations: dict[str, str]
+
+
+class ActionView(BaseModel):
+    """One action with everything the audit trail holds about it."""
+
+    id: int
+    alert: AlertSummary
+    step: int
+    subject: str
+    action: str
+    executor: str
+    params: dict[str, Any]
+    destructive: bool
+    state: ActionState
+    reason: str
+    output: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+    transitions: list[Transition]
+
+
+class ActionList(BaseModel):
+    actions: list[ActionView]
+
+
+class Decision(BaseModel):
+    """An operator's approval or rejection."""
+
+    by: str = Field(default="", max_length=200)
+    comment: str = Field(default="", max_length=2000)
+
+
+class Directive(BaseModel):
+    """An instruction for the ranks of a job (checkpoint now, dump diagnostics, ...)."""
+
+    id: int
+    job_id: str
+    rank: int | None = Field(description="The rank it is for; null for every rank.")
+    kind: str
+    params: dict[str, Any]
+    created_at: datetime
+
+
+class DirectiveList(BaseModel):
+    directives: list[Directive]
+
+
+class AckOutcome(str, enum.Enum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+
+
+class DirectiveAck(BaseModel):
+    rank: int = Field(ge=0)
+    outcome: AckOutcome = AckOutcome.SUCCESS
+    detail: str = Field(default="", max_length=4000)
+
+
+class Breaker(BaseModel):
+    subject: str
+    tripped_at: datetime
+    reason: str
+
+
+class BreakerList(BaseModel):
+    breakers: list[Breaker]

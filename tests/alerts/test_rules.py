@@ -1,0 +1,195 @@
+"""The rules file: rendered from the thresholds, valid, complete, and its promtool tests pass."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.alerts.tools import (
+    ALERTS,
+    PROMETHEUS_SERIES,
+    RULE_TESTS,
+    RULES_FILE,
+    THRESHOLDS_FILE,
+    binary,
+    exposed_names,
+    metric_names,
+    recording_names,
+    run,
+)
+from trainguard import cli, contract
+from trainguard.alerts import rules
+from trainguard.contract import Alert, Severity
+
+TRAINING_ALERTS = {a for a in Alert if a.value.startswith("Training")}
+
+
+def load_rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def thresholds_data() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(THRESHOLDS_FILE.read_text())
+    return data
+
+
+def test_committed_rules_match_the_thresholds() -> None:
+    assert cli.main(["rules", "--check"]) == 0
+
+
+def test_check_reports_a_stale_file(tmp_path: Path) -> None:
+    stale = tmp_path / "rules.yml"
+    stale.write_text(RULES_FILE.read_text().replace(">= 1.2", ">= 1.3"))
+    assert cli.main(["rules", "--check", "--out", str(stale)]) == 1
+    assert cli.main(["rules", "--out", str(stale)]) == 0
+    assert stale.read_text() == RULES_FILE.read_text()
+
+
+def test_a_threshold_change_reaches_the_rules(tmp_path: Path) -> None:
+    data = thresholds_data() | {"straggler_factor": 1.5, "stalled_seconds": 900}
+    text = rules.render(rules.Thresholds.from_mapping(data))
+    assert "ratio_to_job_median5m >= 1.5" in text
+    assert "(threshold 1.5x)" in text
+    assert "> 900" in text
+    assert text != RULES_FILE.read_text()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"straggler_factr": 1.2}, "unknown keys"),
+        ({"rate_window": "5 minutes"}, "not a Prometheus duration"),
+        ({"straggler_factor": "fast"}, "positive number"),
+        ({"straggler_factor": -1}, "positive number"),
+        ({"warmup_steps": True}, "non-negative integer"),
+        ({"xid_critical": []}, "list of integers"),
+    ],
+)
+def test_bad_thresholds_are_refused(change: dict[str, object], message: str) -> None:
+    data = thresholds_data() | change
+    with pytest.raises(rules.ThresholdsError, match=message):
+        rules.Thresholds.from_mapping(data)
+
+
+def test_missing_threshold_is_refused() -> None:
+    data = thresholds_data()
+    del data["stalled_for"]
+    with pytest.raises(rules.ThresholdsError, match="missing keys \\['stalled_for'\\]"):
+        rules.Thresholds.from_mapping(data)
+
+
+def test_cli_reports_bad_thresholds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "t.yml"
+    bad.write_text("rate_window: [unclosed\n")
+    assert cli.main(["rules", "--thresholds", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_every_contract_alert_has_a_complete_rule() -> None:
+    alert_rules = [r for r in load_rules() if "alert" in r]
+    assert {r["alert"] for r in alert_rules} == {a.value for a in Alert}
+    runbook = (ALERTS / "runbook.md").read_text()
+    headings = {
+        re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.+)$", runbook, re.M)
+    }
+    for rule in alert_rules:
+        name = rule["alert"]
+        assert rule["labels"][contract.LABEL_SEVERITY] in {s.value for s in Severity}, name
+        notes = rule["annotations"]
+        assert set(notes) == {
+            contract.ANNOTATION_SUMMARY,
+            contract.ANNOTATION_DESCRIPTION,
+            contract.ANNOTATION_RUNBOOK_URL,
+        }
+        base, anchor = notes[contract.ANNOTATION_RUNBOOK_URL].split("#")
+        assert base == "alerts/runbook.md"
+        assert anchor in headings, f"{name}: runbook has no section #{anchor}"
+        text = notes[contract.ANNOTATION_DESCRIPTION]
+        if Alert(name) in TRAINING_ALERTS:
+            for label in ("job_id", "rank", "node"):
+                assert f"$labels.{label}" in text, (name, label)
+        else:
+            # Node alerts name the node and list the job/rank of each rank running there.
+            assert "$labels.node" in text and ".Labels.job_id" in text, name
+            assert ".Labels.rank" in text, name
+
+
+def test_recording_rules_follow_level_metric_operation() -> None:
+    recorded = [r["record"] for r in load_rules() if "record" in r]
+    assert set(recorded) == recording_names()
+    assert len(recorded) == len(set(recorded))
+    for name in recorded:
+        level, metric, operation = name.split(":")
+        assert re.fullmatch(r"[a-z_]+", level), name
+        assert metric.startswith(contract.PREFIX), name
+        assert re.fullmatch(r"[a-z0-9_]+", operation), name
+
+
+def test_rules_name_only_contract_metrics() -> None:
+    allowed = exposed_names() | recording_names() | PROMETHEUS_SERIES
+    for rule in load_rules():
+        unknown = metric_names(rule["expr"]) - allowed
+        assert not unknown, (rule.get("record") or rule.get("alert"), unknown)
+
+
+def test_rule_tests_cover_firing_and_silence_for_every_alert() -> None:
+    fires: set[str] = set()
+    silent: set[str] = set()
+    for path in RULE_TESTS:
+        document = yaml.safe_load(path.read_text())
+        assert document["rule_files"] == ["../../alerts/trainguard.rules.yml"], path
+        for group in document["tests"]:
+            for case in group.get("alert_rule_test", []):
+                (fires if case.get("exp_alerts") else silent).add(case["alertname"])
+                for alert in case.get("exp_alerts") or []:
+                    assert set(alert["exp_annotations"]) == {
+                        "summary",
+                        "description",
+                        "runbook_url",
+                    }, path
+    assert fires == {a.value for a in Alert}
+    assert silent == {a.value for a in Alert}
+
+
+def test_promtool_check_rules() -> None:
+    result = run(binary("promtool"), "check", "rules", RULES_FILE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_promtool_rule_tests_pass() -> None:
+    result = run(binary("promtool"), "test", "rules", *RULE_TESTS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(RULE_TESTS)
+
+
+def test_rule_tests_catch_a_too_eager_straggler_factor(tmp_path: Path) -> None:
+    """The jitter case must fail when the factor drops inside normal +-10% noise."""
+    promtool = binary("promtool")
+    eager = thresholds_data() | {"straggler_factor": 1.05}
+    (tmp_path / "alerts").mkdir()
+    (tmp_path / "alerts" / "trainguard.rules.yml").write_text(
+        rules.render(rules.Thresholds.from_mapping(eager))
+    )
+    tests_dir = tmp_path / "tests" / "alerts"
+    tests_dir.mkdir(parents=True)
+    straggler = RULES_FILE.parent.parent / "tests" / "alerts" / "straggler.test.yml"
+    (tests_dir / straggler.name).write_text(straggler.read_text())
+    result = run(promtool, "test", "rules", tests_dir / straggler.name)
+    assert result.returncode != 0
+    assert 'job_id="jit"' in result.stdout + result.stderr
+
+
+def test_cli_subcommand_is_registered() -> None:
+    parser = cli.build_parser()
+    args = parser.parse_args(["rules", "--check"])
+    assert isinstance(args, argparse.Namespace)
+    assert args.check is True

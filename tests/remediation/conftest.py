@@ -1,0 +1,139 @@
+"""Fixtures: a service on a temporary database, payload builders, a recording executor."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from trainguard.remediation.app import create_app, default_executors
+from trainguard.remediation.executors import ActionRecord, Executor
+from trainguard.remediation.hub import DirectiveHub
+from trainguard.remediation.settings import Settings
+from trainguard.remediation.store import Store
+
+TOKEN = "test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def alert(
+    name: str = "TrainingCollectiveStalled",
+    *,
+    status: str = "firing",
+    fingerprint: str = "fp1",
+    starts_at: str = "2026-01-01T00:00:00Z",
+    **labels: str,
+) -> dict[str, Any]:
+    return {
+        "status": status,
+        "labels": {"alertname": name, "severity": "warning", **labels},
+        "annotations": {"summary": f"{name} fired"},
+        "startsAt": starts_at,
+        "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-01-01T01:00:00Z",
+        "generatorURL": "http://prometheus:9090/graph",
+        "fingerprint": fingerprint,
+    }
+
+
+def payload(*alerts: dict[str, Any], status: str = "firing") -> dict[str, Any]:
+    return {
+        "version": "4",
+        "groupKey": '{}:{alertname="x"}',
+        "truncatedAlerts": 0,
+        "status": status,
+        "receiver": "trainguard",
+        "groupLabels": {},
+        "commonLabels": {},
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "alerts": list(alerts),
+    }
+
+
+class RecordingExecutor:
+    """Stands in for a scheduler: records what it was asked to do."""
+
+    actions = frozenset({"restart_from_checkpoint", "exclude_node", "drain_node", "annotate"})
+
+    def __init__(self, name: str = "local") -> None:
+        self.name = name
+        self.executed: list[tuple[int, str, dict[str, Any]]] = []
+
+    def prepare(self, action: ActionRecord) -> dict[str, Any]:
+        return {"target": action.labels.get("job_id")}
+
+    def execute(self, action: ActionRecord, snapshot: Mapping[str, Any]) -> dict[str, Any]:
+        self.executed.append((action.id, action.action, dict(snapshot)))
+        return {"done": action.action}
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(
+        token=SecretStr(TOKEN),
+        db_path=tmp_path / "remediation.db",
+        sweep_interval_seconds=0.05,
+        sqlite_synchronous="NORMAL",
+        long_poll_max_seconds=5.0,
+    )
+
+
+@pytest.fixture
+def recorder() -> RecordingExecutor:
+    return RecordingExecutor()
+
+
+def executors_with(
+    *replacements: Executor,
+) -> Callable[[Settings, Store, DirectiveHub], Mapping[str, Executor]]:
+    def build(settings: Settings, store: Store, hub: DirectiveHub) -> Mapping[str, Executor]:
+        registry = dict(default_executors(settings, store, hub))
+        registry.update({e.name: e for e in replacements})
+        return registry
+
+    return build
+
+
+@contextmanager
+def serve(settings: Settings, *executors: Executor) -> Iterator[TestClient]:
+    app = create_app(settings, executors_with(*executors))
+    with TestClient(app) as client:
+        yield client
+
+
+@contextmanager
+def serve_http(app: FastAPI) -> Iterator[str]:
+    """Run ``app`` on a real loopback socket; yields its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)

@@ -1,0 +1,224 @@
+"""Durability: nothing acknowledged is lost to kill -9, and actions run exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.remediation.conftest import (
+    AUTH,
+    TOKEN,
+    RecordingExecutor,
+    alert,
+    payload,
+    serve,
+    wait_for,
+)
+from trainguard.remediation.settings import Settings
+
+
+def _db(path: Path, sql: str, *args: object) -> list[tuple[object, ...]]:
+    with sqlite3.connect(path) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def _crash_after_claim(db: Path, action_id: int, snapshot: str) -> None:
+    """Leave the action as a killed worker would: claimed (running) with its snapshot."""
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "UPDATE actions SET state = 'running', snapshot = ? WHERE id = ?", (snapshot, action_id)
+        )
+
+
+def test_running_action_resumes_once_from_its_snapshot(
+    settings: Settings, recorder: RecordingExecutor
+) -> None:
+    live = settings.model_copy(update={"dry_run": False})
+    with serve(live, recorder) as client:
+        client.post(
+            "/v1/alertmanager", json=payload(alert("TrainingRankDown", job_id="j")), headers=AUTH
+        )
+        (action,) = client.get("/v1/actions", headers=AUTH).json()["actions"]
+        assert action["state"] == "awaiting_approval"
+    _crash_after_claim(live.db_path, action["id"], '{"target": "from-snapshot"}')
+    with serve(live, recorder) as client:
+        wait_for(lambda: recorder.executed != [])
+        wait_for(
+            lambda: (
+                client.get(f"/v1/actions/{action['id']}", headers=AUTH).json()["state"]
+                == "succeeded"
+            )
+        )
+        view = client.get(f"/v1/actions/{action['id']}", headers=AUTH).json()
+        assert "resumed after restart" in view["transitions"][-2]["note"]
+    # The executor acted on the stored snapshot, not on a fresh look at the world.
+    assert recorder.executed == [
+        (action["id"], "restart_from_checkpoint", {"target": "from-snapshot"})
+    ]
+
+
+def test_directive_queued_before_a_crash_is_not_queued_twice(settings: Settings) -> None:
+    live = settings.model_copy(update={"dry_run": False})
+    with serve(live) as client:
+        client.post(
+            "/v1/alertmanager", json=payload(alert("TrainingOOMRisk", job_id="j")), headers=AUTH
+        )
+        wait_for(
+            lambda: (
+                {a["state"] for a in client.get("/v1/actions", headers=AUTH).json()["actions"]}
+                == {"succeeded"}
+            )
+        )
+    ((action_id,),) = _db(live.db_path, "SELECT action_id FROM directives")
+    assert isinstance(action_id, int)
+    # The process died after queueing the directive but before recording success.
+    _crash_after_claim(live.db_path, action_id, '{"job_id": "j", "rank": null}')
+    with serve(live) as client:
+        wait_for(
+            lambda: (
+                client.get(f"/v1/actions/{action_id}", headers=AUTH).json()["state"] == "succeeded"
+            )
+        )
+    assert _db(live.db_path, "SELECT COUNT(*) FROM directives") == [(1,)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start(db: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "TRAINGUARD_REMEDIATION_TOKEN": TOKEN,
+        "TRAINGUARD_REMEDIATION_DB_PATH": str(db),
+        "TRAINGUARD_REMEDIATION_REQUIRE_APPROVAL": "false",
+        "TRAINGUARD_REMEDIATION_COOLDOWN_SECONDS": "0",
+        "TRAINGUARD_REMEDIATION_BUDGET_PER_HOUR": "1000000",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainguard.remediation.cli",
+            "--port",
+            str(port),
+            "--live",
+            "--log-level",
+            "WARNING",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None, "the service exited"
+        assert time.monotonic() < deadline, "the service did not become ready"
+        time.sleep(0.1)
+
+
+def test_kill_9_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    db = tmp_path / "load.db"
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _start(db, port)
+    acked: list[str] = []
+    errors = 0
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def load(worker: int) -> None:
+        nonlocal errors
+        with httpx.Client(base_url=url, headers=AUTH, timeout=5) as client:
+            n = 0
+            while not stop.is_set():
+                fingerprint = f"w{worker}-{n}"
+                n += 1
+                body = payload(
+                    alert("TrainingOOMRisk", fingerprint=fingerprint, job_id=f"job{worker}")
+                )
+                try:
+                    response = client.post("/v1/alertmanager", json=body)
+                except httpx.TransportError:
+                    with lock:
+                        errors += 1
+                    continue
+                if response.status_code == 200:
+                    with lock:
+                        acked.append(fingerprint)
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(acked) >= 200, timeout=30)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(0.3)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert errors > 0  # requests were in flight when the process died
+
+    proc = _start(db, port)
+    try:
+        stored = {row[0] for row in _db(db, "SELECT fingerprint FROM alerts")}
+        assert set(acked) <= stored, f"{len(set(acked) - stored)} acknowledged alerts lost"
+        # Every acknowledged alert was planned in the same transaction: two actions each.
+        planned = _db(
+            db,
+            "SELECT COUNT(*) FROM actions JOIN alerts ON alerts.id = actions.alert_id",
+        )[0][0]
+        assert planned == 2 * len(stored)
+
+        def drained() -> bool:
+            rows = _db(db, "SELECT COUNT(*) FROM actions WHERE state IN ('queued', 'running')")
+            return rows[0][0] == 0
+
+        wait_for(drained, timeout=60)
+        # Exactly once: each checkpoint_now action queued exactly one directive.
+        assert _db(
+            db,
+            "SELECT COUNT(*) FROM actions WHERE action = 'checkpoint_now' AND state = 'succeeded'",
+        ) == _db(db, "SELECT COUNT(*) FROM directives")
+        assert _db(db, "SELECT COUNT(*) FROM actions WHERE state = 'failed'") == [(0,)]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_caller_that_gave_up_gets_nothing_written(tmp_path: Path) -> None:
+    from trainguard.remediation.store import Store
+
+    store = Store(tmp_path / "s.db")
+    gate = threading.Event()
+    try:
+        blocker = store.submit(lambda conn: gate.wait(5))
+        wait_for(blocker.running)  # the next units queue behind it
+        abandoned = store.submit(
+            lambda conn: conn.execute("INSERT INTO breakers VALUES ('x', 0, 'r')")
+        )
+        assert abandoned.cancel()
+        kept = store.submit(lambda conn: conn.execute("INSERT INTO breakers VALUES ('y', 0, 'r')"))
+        gate.set()
+        blocker.result(5)
+        kept.result(5)
+        assert store.writer_alive()
+        assert _db(tmp_path / "s.db", "SELECT subject FROM breakers") == [("y",)]
+    finally:
+        store.close()

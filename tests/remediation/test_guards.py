@@ -1,0 +1,221 @@
+"""Guards: dry-run, approval, cooldown, budget + circuit breaker, deferred steps, skips."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.remediation.conftest import AUTH, RecordingExecutor, alert, payload, serve, wait_for
+from trainguard.remediation.deps import require_token
+from trainguard.remediation.settings import Settings
+
+
+def _actions(client: TestClient, **params: str) -> list[dict[str, Any]]:
+    response = client.get("/v1/actions", headers=AUTH, params=params)
+    assert response.status_code == 200, response.text
+    return list(response.json()["actions"])
+
+
+def _send(client: TestClient, *alerts: dict[str, Any]) -> dict[str, Any]:
+    response = client.post("/v1/alertmanager", json=payload(*alerts), headers=AUTH)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def test_dry_run_is_the_default_and_executes_nothing(
+    settings: Settings, recorder: RecordingExecutor
+) -> None:
+    assert Settings.model_fields["dry_run"].default is True
+    with serve(settings, recorder) as client:
+        _send(client, alert("TrainingRankDown", job_id="j1"))
+        (action,) = _actions(client)
+        assert action["state"] == "dry_run"
+        assert "would wait for approval" in action["reason"]
+        time.sleep(0.2)  # the worker had every chance to pick it up
+        assert recorder.executed == []
+        assert client.post(f"/v1/actions/{action['id']}/approve", headers=AUTH).status_code == 409
+
+
+def test_destructive_action_waits_for_approval(
+    settings: Settings, recorder: RecordingExecutor
+) -> None:
+    settings = settings.model_copy(update={"dry_run": False})
+    with serve(settings, recorder) as client:
+        _send(client, alert("TrainingRankDown", job_id="j1"))
+        (action,) = _actions(client)
+        assert action["state"] == "awaiting_approval"
+        time.sleep(0.2)
+        assert recorder.executed == []
+        response = client.post(
+            f"/v1/actions/{action['id']}/approve",
+            headers=AUTH,
+            json={"by": "alice", "comment": "checkpoint is fresh"},
+        )
+        assert response.status_code == 200
+        wait_for(
+            lambda: (
+                client.get(f"/v1/actions/{action['id']}", headers=AUTH).json()["state"]
+                == "succeeded"
+            )
+        )
+        assert recorder.executed == [(action["id"], "restart_from_checkpoint", {"target": "j1"})]
+        view = client.get(f"/v1/actions/{action['id']}", headers=AUTH).json()
+        states = [t["state"] for t in view["transitions"]]
+        assert states == ["awaiting_approval", "queued", "running", "succeeded"]
+        assert "approved by alice: checkpoint is fresh" in view["transitions"][1]["note"]
+        assert view["output"] == {"done": "restart_from_checkpoint"}
+        assert client.post(f"/v1/actions/{action['id']}/reject", headers=AUTH).status_code == 409
+        assert client.post("/v1/actions/999/approve", headers=AUTH).status_code == 404
+
+
+def test_reject(settings: Settings, recorder: RecordingExecutor) -> None:
+    settings = settings.model_copy(update={"dry_run": False})
+    with serve(settings, recorder) as client:
+        _send(client, alert("TrainingRankDown", job_id="j1"))
+        (action,) = _actions(client)
+        response = client.post(f"/v1/actions/{action['id']}/reject", headers=AUTH)
+        assert response.json()["state"] == "rejected"
+        time.sleep(0.2)
+        assert recorder.executed == []
+
+
+def test_without_approval_non_dry_run_executes_once(
+    settings: Settings, recorder: RecordingExecutor
+) -> None:
+    settings = settings.model_copy(update={"dry_run": False, "require_approval": False})
+    with serve(settings, recorder) as client:
+        _send(client, alert("TrainingRankDown", job_id="j1"))
+        _send(client, alert("TrainingRankDown", job_id="j1"))  # redelivery
+        wait_for(lambda: len(recorder.executed) == 1)
+        time.sleep(0.2)
+        assert len(recorder.executed) == 1
+        assert [a["state"] for a in _actions(client)] == ["succeeded"]
+
+
+def test_cooldown_per_job_and_action(settings: Settings) -> None:
+    with serve(settings) as client:
+        _send(client, alert("TrainingRankDown", fingerprint="a", job_id="j1"))
+        _send(client, alert("TrainingRankDown", fingerprint="b", job_id="j1"))
+        _send(client, alert("TrainingRankDown", fingerprint="c", job_id="j2"))
+        by_fp = {a["alert"]["fingerprint"]: a for a in _actions(client)}
+        assert by_fp["a"]["state"] == "dry_run"
+        assert by_fp["b"]["state"] == "suppressed"
+        assert by_fp["b"]["reason"].startswith("cooldown: restart_from_checkpoint for j1")
+        assert by_fp["c"]["state"] == "dry_run"  # another job has its own cooldown
+    zero = settings.model_copy(
+        update={"cooldown_seconds": 0.0, "db_path": settings.db_path.with_suffix(".z")}
+    )
+    with serve(zero) as client:
+        _send(client, alert("TrainingRankDown", fingerprint="a", job_id="j1"))
+        _send(client, alert("TrainingRankDown", fingerprint="b", job_id="j1"))
+        assert {a["state"] for a in _actions(client)} == {"dry_run"}
+
+
+def test_budget_trips_breaker_until_manual_reset(settings: Settings) -> None:
+    settings = settings.model_copy(update={"cooldown_seconds": 0.0, "budget_per_hour": 3})
+    with serve(settings) as client:
+        for i in range(5):
+            _send(client, alert("TrainingRankDown", fingerprint=f"f{i}", job_id="j1"))
+        states = [a["state"] for a in reversed(_actions(client))]
+        assert states == ["dry_run"] * 3 + ["suppressed"] * 2
+        newest = _actions(client)[0]
+        assert "circuit breaker open for j1" in newest["reason"]
+        breakers = client.get("/v1/breakers", headers=AUTH).json()["breakers"]
+        assert [b["subject"] for b in breakers] == ["j1"]
+        assert "trainguard_remediation_circuit_breakers_open 1.0" in client.get("/metrics").text
+        # Other jobs are unaffected.
+        _send(client, alert("TrainingRankDown", fingerprint="other", job_id="j2"))
+        assert _actions(client)[0]["state"] == "dry_run"
+        # The breaker stays open (even if the hour passes) until an operator resets it.
+        assert client.post("/v1/breakers/j1/reset", headers=AUTH).status_code == 204
+        assert client.post("/v1/breakers/j1/reset", headers=AUTH).status_code == 404
+        assert client.get("/v1/breakers", headers=AUTH).json()["breakers"] == []
+
+
+def test_deferred_step_is_planned_once_the_alert_persists(settings: Settings) -> None:
+    now = datetime.now(timezone.utc)
+    fresh = alert("TrainingStraggler", job_id="j1", node="n1", rank="3", starts_at=now.isoformat())
+    old = alert(
+        "TrainingStraggler",
+        fingerprint="old",
+        job_id="j2",
+        node="n2",
+        rank="1",
+        starts_at=datetime.fromtimestamp(now.timestamp() - 1000, timezone.utc).isoformat(),
+    )
+    with serve(settings) as client:
+        _send(client, fresh, old)
+        actions = _actions(client)
+        planned = sorted((a["subject"], a["action"]) for a in actions)
+        # exclude_node (after_seconds: 900) only for the alert firing for 1000 s.
+        assert planned == [("j1", "recommend"), ("j2", "exclude_node"), ("j2", "recommend")]
+        recommend = next(a for a in actions if a["subject"] == "j1")
+        assert recommend["params"]["text"].startswith("Rank 3 on node n1 is slower")
+
+
+def test_sweep_plans_steps_that_come_due(settings: Settings) -> None:
+    started = datetime.fromtimestamp(time.time() - 899.5, timezone.utc).isoformat()
+    with serve(settings) as client:
+        _send(client, alert("TrainingStraggler", job_id="j1", node="n1", starts_at=started))
+        assert [a["action"] for a in _actions(client)] == ["recommend"]
+        wait_for(lambda: len(_actions(client)) == 2, timeout=5)
+        assert _actions(client)[0]["action"] == "exclude_node"
+
+
+def test_missing_labels_skip_with_a_reason(settings: Settings) -> None:
+    with serve(settings) as client:
+        _send(client, alert("TrainingRankDown"))
+        _send(client, alert("TrainingRankDown", fingerprint="x", job_id="j", scheduler="nomad"))
+        reasons = sorted(a["reason"] for a in _actions(client))
+        assert reasons[0].startswith("the alert has no job_id label")
+        assert reasons[1].startswith("unknown scheduler 'nomad'")
+        assert {a["state"] for a in _actions(client)} == {"skipped"}
+
+
+def test_auth_dependency_can_be_overridden(settings: Settings) -> None:
+    with serve(settings) as client:
+        client.app.dependency_overrides[require_token] = lambda: None  # type: ignore[attr-defined]
+        assert client.get("/v1/actions").status_code == 200
+
+
+def test_executor_failure_is_recorded(settings: Settings) -> None:
+    settings = settings.model_copy(update={"dry_run": False, "require_approval": False})
+    with serve(settings) as client:  # the real local executor: no such job on this host
+        _send(client, alert("TrainingRankDown", job_id="no-such-job"))
+        assert len(_actions(client)) == 1
+        wait_for(lambda: _actions(client)[0]["state"] == "failed")
+        view = _actions(client)[0]
+        assert view["output"] == {
+            "error": "no torchrun worker of job 'no-such-job' runs on this host"
+        }
+        metrics = client.get("/metrics").text
+        assert (
+            'trainguard_remediation_actions_executed_total{action="restart_from_checkpoint",'
+            'executor="local",outcome="failure"} 1.0'
+        ) in metrics
+        # Local has no drain_node: the registry refuses instead of guessing.
+        _send(client, alert("GpuXidError", fingerprint="x", node="n1", gpu="0", xid="79"))
+        wait_for(lambda: len(_actions(client, state="failed")) == 2)
+        drain = next(a for a in _actions(client) if a["action"] == "drain_node")
+        assert drain["output"] == {"error": "executor 'local' cannot drain_node"}
+        assert drain["subject"] == "node:n1"
+
+
+def test_audit_filters_and_paging(settings: Settings) -> None:
+    with serve(settings) as client:
+        for i in range(5):
+            _send(client, alert("TrainingDataLoaderBound", fingerprint=f"f{i}", job_id=f"j{i % 2}"))
+        everything = _actions(client)
+        assert [a["id"] for a in everything] == sorted((a["id"] for a in everything), reverse=True)
+        assert {a["subject"] for a in _actions(client, subject="j1")} == {"j1"}
+        assert len(_actions(client, subject="j1")) == 2
+        page = _actions(client, limit="2")
+        rest = _actions(client, before_id=str(page[-1]["id"]))
+        assert [a["id"] for a in page + rest] == [a["id"] for a in everything]
+        assert _actions(client, state="queued") == []
+        assert client.get("/v1/actions/0", headers=AUTH).status_code == 422
+        assert client.get("/v1/actions/12345", headers=AUTH).status_code == 404
+        assert client.get("/v1/actions", headers=AUTH, params={"state": "nope"}).status_code == 422

@@ -1,0 +1,184 @@
+"""The webhook: auth, size limit, validation, durable storage, dedupe and resolution."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.remediation.conftest import AUTH, TOKEN, alert, payload, serve
+from trainguard import contract
+from trainguard.remediation.app import create_app
+from trainguard.remediation.settings import ConfigurationError, Settings
+
+
+def _rows(db: Path, sql: str) -> list[tuple[object, ...]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_stores_alert_before_answering_200(settings: Settings) -> None:
+    with serve(settings) as client:
+        response = client.post("/v1/alertmanager", json=payload(alert(job_id="j1")), headers=AUTH)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["stored"] == 1 and body["duplicates"] == 0
+        # The answer came after the commit: another connection sees the row at once.
+        assert _rows(settings.db_path, "SELECT fingerprint, name, status FROM alerts") == [
+            ("fp1", "TrainingCollectiveStalled", "firing")
+        ]
+        assert len(body["planned_actions"]) == 2  # dump_diagnostics, restart_from_checkpoint
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}],
+    ids=["none", "wrong", "not-bearer"],
+)
+def test_401_without_the_token(settings: Settings, headers: dict[str, str]) -> None:
+    with serve(settings) as client:
+        response = client.post("/v1/alertmanager", json=payload(alert()), headers=headers)
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert client.get("/v1/actions", headers=headers).status_code == 401
+        assert _rows(settings.db_path, "SELECT * FROM alerts") == []
+        assert 'reason="unauthorized"' in client.get("/metrics").text
+
+
+def test_413_over_the_body_limit(settings: Settings) -> None:
+    settings = settings.model_copy(update={"max_body_bytes": 2000})
+    big = payload(*[alert(fingerprint=f"f{i}", job_id="j") for i in range(20)])
+    with serve(settings) as client:
+        response = client.post("/v1/alertmanager", json=big, headers=AUTH)
+        assert response.status_code == 413
+        assert "2000 bytes" in response.json()["detail"]
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: the limit still holds
+            data = json.dumps(big).encode()
+            for i in range(0, len(data), 500):
+                yield data[i : i + 500]
+
+        response = client.post(
+            "/v1/alertmanager",
+            content=chunks(),
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert response.status_code == 413
+        small = json.dumps(payload(alert(job_id="j"))).encode()
+        response = client.post(
+            "/v1/alertmanager",
+            content=iter([small[:100], small[100:]]),
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert response.status_code == 200, response.text
+        assert 'reason="too_large"' in client.get("/metrics").text
+
+
+@pytest.mark.parametrize(
+    ("mutate", "where"),
+    [
+        (lambda p: p.update(version="3"), ["body", "version"]),
+        (lambda p: p["alerts"][0].pop("fingerprint"), ["body", "alerts", 0, "fingerprint"]),
+        (lambda p: p["alerts"][0]["labels"].pop("alertname"), ["body", "alerts", 0, "labels"]),
+        (lambda p: p["alerts"][0].update(startsAt="yesterday"), ["body", "alerts", 0, "startsAt"]),
+        (lambda p: p.update(alerts=[]), ["body", "alerts"]),
+        (lambda p: p.update(truncatedAlerts=-1), ["body", "truncatedAlerts"]),
+    ],
+    ids=["version", "fingerprint", "alertname", "startsAt", "no-alerts", "truncated"],
+)
+def test_422_names_the_bad_field(settings: Settings, mutate, where) -> None:
+    body = payload(alert(job_id="j"))
+    mutate(body)
+    with serve(settings) as client:
+        response = client.post("/v1/alertmanager", json=body, headers=AUTH)
+        assert response.status_code == 422
+        assert [error["loc"] for error in response.json()["detail"]] == [where]
+        assert _rows(settings.db_path, "SELECT * FROM alerts") == []
+
+
+def test_duplicate_delivery_is_stored_once(settings: Settings) -> None:
+    body = payload(alert(job_id="j1"))
+    with serve(settings) as client:
+        first = client.post("/v1/alertmanager", json=body, headers=AUTH).json()
+        second = client.post("/v1/alertmanager", json=body, headers=AUTH).json()
+        assert (first["stored"], first["duplicates"]) == (1, 0)
+        assert (second["stored"], second["duplicates"]) == (0, 1)
+        assert second["planned_actions"] == []
+        assert _rows(settings.db_path, "SELECT notifications FROM alerts") == [(2,)]
+        assert _rows(settings.db_path, "SELECT COUNT(*) FROM actions") == [(2,)]
+        # A new startsAt for the same fingerprint is a new alert.
+        again = payload(alert(job_id="j1", starts_at="2026-01-02T00:00:00Z"))
+        assert client.post("/v1/alertmanager", json=again, headers=AUTH).json()["stored"] == 1
+        metrics = client.get("/metrics").text
+        assert f"{contract.REMEDIATION_ALERTS_DEDUPLICATED.name} 1.0" in metrics
+
+
+def test_resolved_cancels_pending_actions(settings: Settings) -> None:
+    settings = settings.model_copy(update={"dry_run": False})
+    with serve(settings) as client:
+        client.post("/v1/alertmanager", json=payload(alert(job_id="j1")), headers=AUTH)
+        actions = client.get("/v1/actions", headers=AUTH).json()["actions"]
+        restart = next(a for a in actions if a["action"] == "restart_from_checkpoint")
+        assert restart["state"] == "awaiting_approval"
+        resolved = payload(alert(job_id="j1", status="resolved"), status="resolved")
+        body = client.post("/v1/alertmanager", json=resolved, headers=AUTH).json()
+        assert body["resolved"] == 1 and body["cancelled_actions"] == 1
+        view = client.get(f"/v1/actions/{restart['id']}", headers=AUTH).json()
+        assert view["state"] == "cancelled"
+        assert view["alert"]["status"] == "resolved"
+        assert [t["state"] for t in view["transitions"]] == ["awaiting_approval", "cancelled"]
+        approve = client.post(f"/v1/actions/{restart['id']}/approve", headers=AUTH)
+        assert approve.status_code == 409
+
+
+def test_refuses_to_start_without_a_token(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="no bearer token"):
+        create_app(Settings(db_path=tmp_path / "db"))
+    with pytest.raises(ConfigurationError, match="cannot read token_file"):
+        create_app(Settings(db_path=tmp_path / "db", token_file=tmp_path / "missing"))
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(ConfigurationError, match="empty"):
+        create_app(Settings(db_path=tmp_path / "db", token_file=empty))
+
+
+def test_token_file_and_insecure_flag(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("from-a-file\n")
+    with serve(Settings(db_path=tmp_path / "a.db", token_file=token_file)) as client:
+        good = {"Authorization": "Bearer from-a-file"}
+        assert client.get("/v1/actions", headers=good).status_code == 200
+        assert client.get("/v1/actions").status_code == 401
+    with serve(Settings(db_path=tmp_path / "b.db", insecure_no_auth=True)) as client:
+        assert client.get("/v1/actions").status_code == 200
+
+
+def test_token_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINGUARD_REMEDIATION_TOKEN", "env-token")
+    monkeypatch.setenv("TRAINGUARD_REMEDIATION_DB_PATH", str(tmp_path / "env.db"))
+    with serve(Settings()) as client:
+        assert (
+            client.get("/v1/actions", headers={"Authorization": "Bearer env-token"}).status_code
+            == 200
+        )
+
+
+def test_operations_endpoints(settings: Settings) -> None:
+    with serve(settings) as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        assert client.get("/readyz").json() == {"status": "ready"}
+        client.post("/v1/alertmanager", json=payload(alert(job_id="j1")), headers=AUTH)
+        metrics = client.get("/metrics").text
+        for spec in contract.REMEDIATION_METRICS:
+            assert f"# TYPE {spec.name.removesuffix('_total')}" in metrics, spec.name
+        assert f'{contract.REMEDIATION_ALERTS_RECEIVED.name}{{status="firing"}} 1.0' in metrics
+        assert f'{contract.REMEDIATION_ACTIONS.name}{{state="dry_run"}} 2.0' in metrics
+        assert f"{contract.REMEDIATION_DRY_RUN.name} 1.0" in metrics
+        spec = client.get("/openapi.json").json()
+        assert {"/v1/alertmanager", "/v1/actions", "/v1/directives", "/readyz"} <= set(
+            spec["paths"]
+        )
+        assert "HTTPBearer" in spec["components"]["securitySchemes"]

@@ -1,0 +1,274 @@
+"""The streaming reader behind ``trainguard triage``.
+
+Logs are read in fixed-size binary chunks, so memory stays flat however large the input. Each
+chunk is searched for the detectors' literal keywords with ``bytes.find`` (C speed); only the
+lines holding one are decoded and handed to the detectors, and line numbers come from counting
+newlines. A chunk that is not clean text (NUL bytes, invalid UTF-8) falls back to a per-line
+pass that skips and counts the binary lines. Lines longer than ``MAX_LINE_BYTES`` are skipped and
+counted instead of being buffered.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+from trainguard.triage.findings import Finding, Location
+from trainguard.triage.rules import Detector, Source, default_detectors
+
+CHUNK_BYTES = 8 << 20
+MAX_LINE_BYTES = 1 << 20
+
+
+@dataclass
+class ScanStats:
+    files: int = 0
+    bytes: int = 0
+    lines: int = 0
+    binary_lines: int = 0
+    overlong_lines: int = 0
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
+    dropped_findings: int = 0
+
+
+def rank_hint(path: str) -> int | None:
+    """The rank a log file's path implies: rank3.log, rank_3.txt, or torchrun's
+    ``--log-dir`` layout ``.../attempt_0/<local rank>/stderr.log``."""
+    parts = Path(path).parts
+    name = parts[-1] if parts else ""
+    stem = name.split(".", 1)[0].lower()
+    for prefix in ("rank_", "rank-", "rank"):
+        if stem.startswith(prefix) and stem[len(prefix) :].isdigit():
+            return int(stem[len(prefix) :])
+    if len(parts) >= 2 and parts[-2].isdigit() and name in ("stdout.log", "stderr.log"):
+        return int(parts[-2])
+    return None
+
+
+class Progress:
+    """A one-line progress display on a terminal; silent otherwise."""
+
+    INTERVAL = 0.2
+
+    def __init__(self, stream: TextIO, total_bytes: int | None) -> None:
+        self._stream = stream
+        self._total = total_bytes
+        self._started = time.monotonic()
+        self._last = 0.0
+        self._shown = False
+
+    def update(self, done_bytes: int, name: str) -> None:
+        now = time.monotonic()
+        if now - self._last < self.INTERVAL:
+            return
+        self._last = now
+        rate = done_bytes / max(now - self._started, 1e-9) / 1e6
+        done_mb = done_bytes / 1e6
+        if self._total:
+            share = min(done_bytes / self._total, 1.0)
+            text = f"triage {share:6.1%} {done_mb:,.0f}/{self._total / 1e6:,.0f} MB"
+        else:
+            text = f"triage {done_mb:,.0f} MB"
+        text = f"{text} {rate:,.0f} MB/s {name}"[:120]
+        self._stream.write("\r" + text.ljust(120))
+        self._stream.flush()
+        self._shown = True
+
+    def close(self) -> None:
+        if self._shown:
+            self._stream.write("\r" + " " * 120 + "\r")
+            self._stream.flush()
+
+
+class Scanner:
+    """Feeds the lines of one or more inputs that matter to the detectors."""
+
+    def __init__(
+        self,
+        detectors: list[Detector] | None = None,
+        *,
+        progress: Progress | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+        max_line_bytes: int = MAX_LINE_BYTES,
+    ) -> None:
+        self.detectors = detectors if detectors is not None else default_detectors()
+        self.stats = ScanStats()
+        self._progress = progress
+        self._chunk_bytes = chunk_bytes
+        self._max_line = max_line_bytes
+        self._keywords = sorted({k.encode() for d in self.detectors for k in d.keywords})
+        self._routes = [(d, d.keywords) for d in self.detectors]
+        self._follow: Detector | None = None
+
+    # --- inputs -----------------------------------------------------------------------------
+    def scan_paths(self, paths: Iterable[str], stdin: BinaryIO | None = None) -> None:
+        for name in paths:
+            if name == "-":
+                if stdin is None:
+                    stdin = sys.stdin.buffer
+                self.scan_stream(stdin, "-")
+                continue
+            for path in self._expand(name):
+                self._scan_file(path)
+
+    def _expand(self, name: str) -> Iterator[str]:
+        if Path(name).is_dir():
+            for root, dirs, files in os.walk(name, onerror=self._walk_error):
+                dirs.sort()
+                for file_name in sorted(files):
+                    path = Path(root) / file_name
+                    if path.is_file():
+                        yield str(path)
+        else:
+            yield name
+
+    def _walk_error(self, error: OSError) -> None:
+        self.stats.unreadable.append((str(error.filename), error.strerror or str(error)))
+
+    def _scan_file(self, path: str) -> None:
+        try:
+            if path.endswith(".gz"):
+                with gzip.open(path, "rb") as compressed:
+                    self.scan_stream(compressed, path)  # type: ignore[arg-type]
+            else:
+                with open(path, "rb") as stream:  # noqa: PTH123
+                    self.scan_stream(stream, path)
+        except (OSError, EOFError) as error:
+            reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+            self.stats.unreadable.append((path, reason))
+
+    # --- the scan ---------------------------------------------------------------------------
+    def scan_stream(self, stream: BinaryIO, name: str) -> None:
+        """Scan one binary stream; ``name`` is what findings will say as their file."""
+        source = Source(name, rank_hint(name))
+        self.stats.files += 1
+        self._follow = None
+        carry = b""
+        skipping = False  # inside an overlong line, dropping bytes up to its newline
+        line_no = 0
+        while True:
+            block = stream.read(self._chunk_bytes)
+            if not block:
+                break
+            self.stats.bytes += len(block)
+            if skipping:
+                newline = block.find(b"\n")
+                if newline == -1:
+                    continue
+                block = block[newline + 1 :]
+                line_no += 1
+                skipping = False
+            data = carry + block if carry else block
+            cut = data.rfind(b"\n")
+            if cut == -1:
+                carry = data
+            else:
+                line_no = self._chunk(data[: cut + 1], line_no, source)
+                carry = data[cut + 1 :]
+            if len(carry) > self._max_line:
+                self.stats.overlong_lines += 1
+                carry = b""
+                skipping = True
+            if self._progress is not None:
+                self._progress.update(self.stats.bytes, name)
+        if carry:
+            line_no = self._chunk(carry + b"\n", line_no, source)
+        self.stats.lines += line_no
+
+    def _chunk(self, chunk: bytes, first_line: int, source: Source) -> int:
+        """Process complete lines; return the line count after them."""
+        if b"\x00" in chunk or not self._is_text(chunk):
+            return self._slow_chunk(chunk, first_line, source)
+        starts: set[int] = set()
+        find, rfind = chunk.find, chunk.rfind
+        for keyword in self._keywords:
+            hit = find(keyword)
+            while hit != -1:
+                starts.add(rfind(b"\n", 0, hit) + 1)
+                hit = find(keyword, find(b"\n", hit))
+        position = 0  # everything before this offset has been handed out
+        counted_to, line_no = 0, first_line
+        if self._follow is not None:
+            position, line_no = self._follow_lines(chunk, 0, line_no, source)
+            counted_to = position
+        for start in sorted(starts):
+            if start < position:
+                continue  # already handed over as part of a multi-line block
+            line_no += chunk.count(b"\n", counted_to, start)
+            end = find(b"\n", start)
+            self._line(chunk[start:end], line_no + 1, source)
+            position = counted_to = end + 1
+            line_no += 1
+            if self._follow is not None:
+                position, line_no = self._follow_lines(chunk, position, line_no, source)
+                counted_to = position
+        return line_no + chunk.count(b"\n", counted_to)
+
+    def _follow_lines(
+        self, chunk: bytes, position: int, line_no: int, source: Source
+    ) -> tuple[int, int]:
+        """Hand a multi-line block's next lines to the detector that asked for them."""
+        while self._follow is not None and position < len(chunk):
+            end = chunk.find(b"\n", position)
+            self._line(chunk[position:end], line_no + 1, source)
+            position = end + 1
+            line_no += 1
+        return position, line_no
+
+    @staticmethod
+    def _is_text(chunk: bytes) -> bool:
+        if chunk.isascii():
+            return True
+        try:
+            chunk.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return True
+
+    def _slow_chunk(self, chunk: bytes, first_line: int, source: Source) -> int:
+        line_no = first_line
+        for raw in chunk.split(b"\n")[:-1]:
+            line_no += 1
+            if b"\x00" in raw:
+                self.stats.binary_lines += 1
+                continue
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                self.stats.binary_lines += 1
+                continue
+            if self._follow is not None or any(k in raw for k in self._keywords):
+                self._line(raw, line_no, source)
+        return line_no
+
+    def _line(self, raw: bytes, line_no: int, source: Source) -> None:
+        if len(raw) > self._max_line:
+            self.stats.overlong_lines += 1
+            return
+        line = raw.decode("utf-8", errors="replace").rstrip("\r")
+        where = Location(source.name, line_no)
+        follower = self._follow
+        self._follow = None
+        if follower is not None and follower.feed(line, where, source):
+            self._follow = follower
+        for detector, keywords in self._routes:
+            if detector is follower:
+                continue
+            for keyword in keywords:
+                if keyword in line:
+                    if detector.feed(line, where, source):
+                        self._follow = detector
+                    break
+
+    def findings(self) -> list[Finding]:
+        out: list[Finding] = []
+        for detector in self.detectors:
+            out.extend(detector.findings())
+            self.stats.dropped_findings += detector.dropped
+        return out
