@@ -70,6 +70,9 @@ class InstrumentationConfig:
         oom_split_max: with OOM recovery on, the most micro-batches a step may be split into.
         start_step: the number of the first step (after resuming from a checkpoint), so trace
             ids stay the same on every rank.
+        remediation_url: the remediation service to take directives from; default
+            ``TRAINGUARD_REMEDIATION_URL``; unset takes none. Its bearer token comes from
+            ``TRAINGUARD_REMEDIATION_TOKEN``.
     """
 
     job_id: str | None = None
@@ -91,6 +94,7 @@ class InstrumentationConfig:
     oom_recovery: bool = False
     oom_split_max: int = 8
     start_step: int = 0
+    remediation_url: str | None = None
 
     def resolve_identity(self, world_size: int, rank: int | None) -> Identity:
         env = os.environ
@@ -138,6 +142,9 @@ class InstrumentationConfig:
         if self.stall_floor_seconds is not None:
             return self.stall_floor_seconds
         return float(os.environ.get(contract.ENV_STALL_FLOOR, DEFAULT_STALL_FLOOR_SECONDS))
+
+    def resolved_remediation_url(self) -> str | None:
+        return self.remediation_url or os.environ.get(contract.ENV_REMEDIATION_URL) or None
 
     def resolved_tracing(self) -> bool:
         """Tracing is on when asked for, or when an OTLP endpoint is configured."""

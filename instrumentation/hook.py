@@ -11,7 +11,9 @@ stall training (see :mod:`.errors`).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -31,6 +33,7 @@ from trainguard.events import log_event
 from . import flight_recorder, tracing
 from .comm_hook import BucketTimer, CommHook
 from .config import Identity, InstrumentationConfig
+from .directives import Directive, DirectiveCallback, DirectiveClient
 from .errors import ErrorBudget
 from .memory import MemorySampler
 from .metrics import CollectiveProgressCollector, RankMetrics
@@ -74,6 +77,7 @@ class Instrumentation:
         span_exporter: SpanExporter | None,
         comm_hook: CommHook | None,
         comm_hook_state: Any,
+        on_directive: DirectiveCallback | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -113,6 +117,8 @@ class Instrumentation:
         self._ooms_reported = 0
         self._worker: StepWorker | None = None
         self._poke_handle: torch.utils.hooks.RemovableHandle | None = None
+        self._on_directive = on_directive
+        self._directives: DirectiveClient | None = None
 
         # Training-thread state of the step in progress (perf_counter_ns; 0 = none).
         self.clock = StepClock(step=config.start_step)
@@ -136,6 +142,11 @@ class Instrumentation:
         """Continue numbering from ``step`` (after resuming from a checkpoint), so trace ids
         stay consistent across ranks and restarts."""
         self.clock.step = step
+
+    @property
+    def micro_batches(self) -> int:
+        """How many micro-batches :meth:`guarded_step` splits a batch into now."""
+        return self._split
 
     @property
     def metrics_port(self) -> int | None:
@@ -195,6 +206,9 @@ class Instrumentation:
         if self.ddp is not None and reducer_stats_supported(self.ddp):
             with self.errors.guard("reducer_stats"):
                 self.ddp._set_ddp_runtime_logging_sample_rate(DDP_DEFAULT_SAMPLE_RATE)
+        if self._directives is not None:
+            self._directives.stop(timeout=1.0)
+            self._directives = None
         if self._watchdog is not None:
             self._watchdog.stop()
         if self._worker is not None:
@@ -361,6 +375,16 @@ class Instrumentation:
             self._wrap_step(self.optimizer)
         self._active = True
         self._serve()
+        url = cfg.resolved_remediation_url()
+        if url is not None:
+            self._directives = DirectiveClient(
+                url,
+                self.identity.job_id,
+                self.identity.rank,
+                self._handle_directive,
+                token=os.environ.get(contract.ENV_REMEDIATION_TOKEN) or None,
+            )
+            self._directives.start()
         log_event(
             f"trainguard instrumentation active (job {self.identity.job_id}, rank "
             f"{self.identity.rank}/{self.identity.world_size}, /metrics port {self.metrics_port})",
@@ -495,6 +519,46 @@ class Instrumentation:
             except Exception as error:
                 self.errors.record("worker", error)
 
+    # -- directives from the remediation service (on the directive client's thread) ----------
+    def _handle_directive(self, directive: Directive) -> None:
+        """Carry out what the hook can do itself; hand the rest to ``on_directive``.
+
+        Raising marks the directive failed in the service's audit trail, with the reason.
+        """
+        log_event(
+            f"directive {directive.kind} #{directive.id} received",
+            contract.EventKind.DIRECTIVE,
+            level=logging.INFO,
+            job_id=self.identity.job_id,
+            rank=self.identity.rank,
+            node=self.identity.node,
+            step=self.clock.step,
+            details={"directive": directive.kind, "params": dict(directive.params)},
+        )
+        if directive.kind == "dump_diagnostics":
+            folder = self.config.resolved_dump_dir() / self.identity.job_id
+            folder = folder / f"directive-{directive.id}"
+            if self.backend != "none" and flight_recorder.flight_recorder_available():
+                flight_recorder.write_dump(folder, self.identity.rank)
+            flight_recorder.write_stacks(folder, self.identity.rank)
+        elif directive.kind == "split_micro_batches":
+            factor = int(directive.params.get("factor", 2))
+            # Applies to guarded_step; every rank gets the same directive, and guarded_step's
+            # agreement keeps them in lockstep if one applies it a step later.
+            self._split = max(1, min(self.config.oom_split_max, self._split * factor))
+        elif directive.kind == "set_collective_timeout" and self._on_directive is None:
+            seconds = float(directive.params["seconds"])
+            from torch.distributed.distributed_c10d import _set_pg_timeout
+
+            _set_pg_timeout(datetime.timedelta(seconds=seconds))
+        elif self._on_directive is not None:
+            self._on_directive(directive)
+        else:
+            raise RuntimeError(
+                f"no handler for directive {directive.kind!r} on this rank: pass "
+                "on_directive= to trainguard.instrument() to act on it"
+            )
+
     # -- OOM ------------------------------------------------------------------------------------
     def _on_oom(self, where: str, error: BaseException | None) -> None:
         with self.errors.guard("oom_guard"):
@@ -536,6 +600,7 @@ def instrument(
     span_exporter: SpanExporter | None = None,
     comm_hook: CommHook | None = None,
     comm_hook_state: Any = None,
+    on_directive: DirectiveCallback | None = None,
     **settings: Any,
 ) -> Instrumentation:
     """Instrument ``model`` (a plain module or ``DistributedDataParallel``) and ``optimizer``.
@@ -544,6 +609,9 @@ def instrument(
     ``settings`` are fields of :class:`InstrumentationConfig` (``per_bucket=True``, ...).
     ``registry`` receives the metrics (a fresh one by default, served on ``/metrics``);
     ``span_exporter`` receives the spans (OTLP from ``OTEL_EXPORTER_OTLP_*`` by default).
+    ``on_directive`` receives the remediation service's directives the hook cannot carry out
+    itself (``checkpoint_now``, ``set_grad_compression``, ...), on the directive thread: set a
+    flag there and act on it in the training loop.
     """
     existing = model.__dict__.get(_ATTACHED)
     if isinstance(existing, Instrumentation) and existing.active:
@@ -563,6 +631,7 @@ def instrument(
         span_exporter=span_exporter,
         comm_hook=comm_hook,
         comm_hook_state=comm_hook_state,
+        on_directive=on_directive,
     )
     handle._install()
     model.__dict__[_ATTACHED] = handle
