@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint typecheck unit test demo bench clean
+.PHONY: install lint typecheck unit test demo drill bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,13 +32,17 @@ unit: install
 
 test: lint typecheck unit
 
-# Until the full detect -> alert -> remediate drill lands (issue 7), the demo is the
-# instrumented two-rank DDP example: a straggler that compute time finds and step time hides.
+# The whole loop on this machine: remediation service, exporter, Prometheus, Alertmanager and a
+# 2-node x 2-rank torchrun elastic job with a straggler, a hang and an OOM (about 3 minutes).
+# DEMO_ARGS="--keep-running" leaves the stack up; see `trainguard demo --help` for ports.
 demo: install
-	$(BIN)/torchrun --nproc-per-node 2 examples/ddp_train.py $(DEMO_ARGS)
+	$(BIN)/python -m trainguard demo $(DEMO_ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/overhead.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .pytest_cache .ruff_cache
+# The fault drill alone (it is also part of `make test`).
+drill: install
+	$(BIN)/pytest tests/e2e -m e2e -s

@@ -22,6 +22,8 @@ _IDLE_WATTS = 70.0
 _MAX_EXTRA_WATTS = 530.0
 _IDLE_CELSIUS = 34.0
 _MAX_EXTRA_CELSIUS = 46.0
+_IDLE_SM_CLOCK_HERTZ = 345e6
+_MAX_SM_CLOCK_HERTZ = 1980e6
 
 
 class SimulatedProvider:
@@ -82,6 +84,8 @@ class SimulatedProvider:
                     temperature_celsius=_IDLE_CELSIUS + _MAX_EXTRA_CELSIUS * util,
                     power_watts=power,
                     energy_joules=self._energy[index],
+                    sm_clock_hertz=_IDLE_SM_CLOCK_HERTZ
+                    + (_MAX_SM_CLOCK_HERTZ - _IDLE_SM_CLOCK_HERTZ) * util,
                     process_ids=tuple(by_gpu.get(index, [])),
                 )
             )

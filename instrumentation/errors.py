@@ -24,6 +24,26 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+# The hook's parts that report failures; their series exist (at 0) from the start, so that
+# rate() and increase() over them have data before the first failure.
+COMPONENTS = (
+    "bucket_timer",
+    "collective_progress",
+    "file_sd",
+    "flight_recorder_dump",
+    "memory",
+    "metrics_server",
+    "oom_guard",
+    "reducer_stats",
+    "spans",
+    "stack_dump",
+    "tracing",
+    "watchdog",
+    "watchdog_store",
+    "worker",
+)
+
+
 class ErrorBudget:
     """Catches, counts and logs-once the failures of one instrumentation instance."""
 
@@ -32,6 +52,8 @@ class ErrorBudget:
         self._identity = identity
         self._logged: set[tuple[str, type[BaseException]]] = set()
         self._lock = threading.Lock()
+        for component in COMPONENTS:
+            counter.labels(**identity, component=component)
 
     def record(self, component: str, error: BaseException) -> None:
         """Count ``error`` against ``component``; log it the first time this kind is seen."""

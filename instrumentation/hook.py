@@ -126,6 +126,7 @@ class Instrumentation:
         self._forward_end = 0
         self._forward_ns = 0
         self._data_ns = 0
+        self._peer_wait_ns = 0
         self._previous_end = 0
 
     # -- public -------------------------------------------------------------------------------
@@ -506,6 +507,7 @@ class Instrumentation:
             optimizer_start_ns=optimizer_start,
             end_ns=end,
             data_wait_ns=data_wait,
+            peer_wait_ns=self._peer_wait_ns,
             buckets=self._bucket_timer.take() if self._bucket_timer is not None else [],
         )
         self.clock.recent.append((end - self._previous_end) / 1e9)
@@ -513,6 +515,7 @@ class Instrumentation:
         self.clock.step += 1
         self._previous_end = end
         self._forward_start = self._forward_end = self._forward_ns = self._data_ns = 0
+        self._peer_wait_ns = 0
         if self._worker is not None:
             try:
                 self._worker.submit(record)
@@ -585,9 +588,13 @@ class Instrumentation:
     def _any_rank_failed(self, failed: bool) -> bool:
         if self.backend == "none" or self.identity.world_size <= 1:
             return failed
+        start = time.perf_counter_ns()
         flag = torch.tensor([1.0 if failed else 0.0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+        agreed = bool(flag.item() > 0)
+        # Waiting here for a slower peer is not this rank's compute (see StepRecord).
+        self._peer_wait_ns += time.perf_counter_ns() - start
+        return agreed
 
 
 def instrument(

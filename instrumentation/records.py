@@ -32,6 +32,9 @@ class StepRecord:
     optimizer_start_ns: int
     end_ns: int
     data_wait_ns: int
+    # Blocked on peers outside DDP's gradient sync (guarded_step's OOM agreement), which
+    # DDP's timers count as backward compute.
+    peer_wait_ns: int = 0
     buckets: list[BucketTiming] = field(default_factory=list)
 
     @property

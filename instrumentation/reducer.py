@@ -48,10 +48,6 @@ class ReducerStats:
         """The part of the gradient sync not hidden behind backward compute."""
         return max(0, self.comm_ns - max(0, self.overlap_ns))
 
-    @property
-    def compute_ns(self) -> int:
-        return self.forward_compute_ns + self.backward_compute_ns
-
 
 @functools.lru_cache(maxsize=8)
 def _parse_sizes(raw: str) -> tuple[int, ...]:

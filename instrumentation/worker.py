@@ -240,8 +240,12 @@ class StepWorker:
     def _finish(self, record: StepRecord, stats: ReducerStats | None) -> None:
         m = self._metrics
         if stats is not None:
-            m.compute_duration.observe(_seconds(record.data_wait_ns + stats.compute_ns))
-            m.sync_wait_duration.observe(_seconds(stats.sync_wait_ns))
+            # Local work: the whole step up to the optimizer (every micro-batch, where DDP's
+            # timers cover only the synchronising one) less the time blocked on peers.
+            before_optimizer = record.optimizer_start_ns - record.forward_start_ns
+            local = record.data_wait_ns + before_optimizer - stats.sync_wait_ns
+            m.compute_duration.observe(_seconds(max(0, local - record.peer_wait_ns)))
+            m.sync_wait_duration.observe(_seconds(stats.sync_wait_ns + record.peer_wait_ns))
             if not record.buckets:
                 exemplar = {contract.EXEMPLAR_TRACE_ID: self.trace_id_hex(record.step)}
                 m.grad_sync_duration.observe(_seconds(stats.comm_ns), exemplar)

@@ -20,7 +20,7 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainguard import __version__
-from trainguard.remediation import api
+from trainguard.remediation import api, report_api, reports
 from trainguard.remediation.deps import Runtime
 from trainguard.remediation.engine import Engine, Guards
 from trainguard.remediation.executors import Executor, RecommendExecutor
@@ -135,12 +135,24 @@ def create_app(
                 default_scheduler=settings.default_scheduler,
             ),
         )
+        attacher = (
+            reports.ReportAttacher(
+                store,
+                settings.diagnose_prometheus_url,
+                window_seconds=settings.diagnose_window_seconds,
+                timeout_seconds=settings.diagnose_timeout_seconds,
+                dumps_dir=settings.diagnose_dumps_dir,
+            )
+            if settings.diagnose_prometheus_url
+            else None
+        )
         worker = Worker(
             store,
             engine,
             executors(settings, store, hub),
             metrics,
             sweep_interval=settings.sweep_interval_seconds,
+            on_finished=attacher.submit if attacher is not None else None,
         )
         app.state.runtime = Runtime(settings, token, policy, store, engine, metrics, hub, worker)
         worker.start()
@@ -152,6 +164,8 @@ def create_app(
             yield
         finally:
             worker.stop()
+            if attacher is not None:
+                attacher.close()
             store.close()
 
     app = FastAPI(
@@ -161,6 +175,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.include_router(api.router)
+    app.include_router(report_api.router)
 
     async def invalid(request: Request, exc: Exception) -> Response:
         runtime: Runtime | None = getattr(request.app.state, "runtime", None)

@@ -60,6 +60,9 @@ class Metrics:
         self.alerts_received = counter(c.REMEDIATION_ALERTS_RECEIVED)
         self.alerts_deduplicated = counter(c.REMEDIATION_ALERTS_DEDUPLICATED)
         self.webhook_rejected = counter(c.REMEDIATION_WEBHOOK_REJECTED)
+        for reason in ("unauthorized", "too_large", "invalid", "unavailable"):
+            # Present at 0 from the start, so rate() over rejections has data before one.
+            self.webhook_rejected.labels(reason)
         self.decisions = counter(c.REMEDIATION_DECISIONS)
         self.actions_executed = counter(c.REMEDIATION_ACTIONS_EXECUTED)
         self.directive_acks = counter(c.REMEDIATION_DIRECTIVE_ACKS)

@@ -107,6 +107,7 @@ class AlertSummary(BaseModel):
     fingerprint: str
     status: AlertStatus
     starts_at: datetime
+    received_at: datetime = Field(description="When the service first received the alert.")
     labels: dict[str, str]
     annotations: dict[str, str]
 
@@ -128,6 +129,10 @@ class ActionView(BaseModel):
     created_at: datetime
     updated_at: datetime
     transitions: list[Transition]
+    report: str | None = Field(
+        default=None,
+        description="Path of the diagnose report attached to this action, once it is written.",
+    )
 
 
 class ActionList(BaseModel):

@@ -7,6 +7,7 @@ import sqlite3
 from datetime import datetime, timezone
 from typing import Any
 
+from trainguard.remediation import reports
 from trainguard.remediation.executors import ActionRecord
 from trainguard.remediation.models import (
     ActionState,
@@ -20,7 +21,7 @@ from trainguard.remediation.models import (
 
 _ACTION_SQL = """
 SELECT actions.*, alerts.name AS alert_name, alerts.fingerprint, alerts.status AS alert_status,
-       alerts.starts_at, alerts.labels, alerts.annotations
+       alerts.starts_at, alerts.received_at, alerts.labels, alerts.annotations
 FROM actions JOIN alerts ON alerts.id = actions.alert_id
 """
 
@@ -44,6 +45,7 @@ def _view(conn: sqlite3.Connection, row: sqlite3.Row) -> ActionView:
             fingerprint=row["fingerprint"],
             status=AlertStatus(row["alert_status"]),
             starts_at=datetime.fromisoformat(row["starts_at"]),
+            received_at=_time(row["received_at"]),
             labels=json.loads(row["labels"]),
             annotations=json.loads(row["annotations"]),
         ),
@@ -59,6 +61,7 @@ def _view(conn: sqlite3.Connection, row: sqlite3.Row) -> ActionView:
         created_at=_time(row["created_at"]),
         updated_at=_time(row["updated_at"]),
         transitions=transitions,
+        report=reports.report_path(row["id"]) if reports.has_report(conn, row["id"]) else None,
     )
 
 

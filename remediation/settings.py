@@ -80,6 +80,18 @@ class Settings(BaseSettings):
     # --- slurm executor ---
     scontrol: str = "scontrol"
 
+    # --- diagnose reports attached to actions ---
+    diagnose_prometheus_url: str | None = Field(
+        default=None,
+        description="Prometheus to diagnose each executed action's job from; no reports when "
+        "unset.",
+    )
+    diagnose_window_seconds: float = Field(default=7200.0, gt=0)
+    diagnose_timeout_seconds: float = Field(default=30.0, gt=0)
+    diagnose_dumps_dir: Path | None = Field(
+        default=None, description="The ranks' Flight Recorder dump folder, if mounted here."
+    )
+
     def bearer_token(self) -> str | None:
         """The token clients must present, or None when auth is explicitly disabled.
 

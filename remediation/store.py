@@ -98,6 +98,14 @@ CREATE TABLE IF NOT EXISTS breakers (
     tripped_at REAL NOT NULL,
     reason TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS reports (
+    action_id INTEGER PRIMARY KEY REFERENCES actions (id),
+    job_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    markdown TEXT,
+    report TEXT,
+    error TEXT
+);
 """
 
 _BATCH = 512

@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainguard import contract
@@ -38,12 +38,15 @@ class Worker:
         metrics: Metrics,
         *,
         sweep_interval: float = 5.0,
+        on_finished: Callable[[ActionRecord], None] | None = None,
     ) -> None:
         self._store = store
         self._engine = engine
         self._executors = executors
         self._metrics = metrics
         self._sweep_interval = sweep_interval
+        # Told about every action whose outcome was committed (the diagnose reports).
+        self._on_finished = on_finished
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -184,3 +187,8 @@ class Worker:
             outcome=outcome,
             details={"action_id": record.id, "action": record.action, "output": body},
         )
+        if self._on_finished is not None:
+            try:
+                self._on_finished(record)
+            except Exception:
+                log.exception("after-action hook failed for action %d", record.id)

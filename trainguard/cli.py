@@ -26,6 +26,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "install the Elasticsearch template, ILM policy and Kibana data view for logs",
     ),
     "remediation": ("trainguard.remediation.cli", "run the remediation service"),
+    "demo": ("trainguard.demo.cli", "run the detect -> alert -> remediate demo on this machine"),
+    "diagnose": (
+        "trainguard.diagnose.cli",
+        "write the incident report of a job: symptom, scope, root causes, advice, charts",
+    ),
 }
 
 

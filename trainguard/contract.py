@@ -579,3 +579,5 @@ FIELD_DATA_STREAM_NAMESPACE = "data_stream.namespace"
 LOG_DATA_STREAM_PREFIX = "logs-trainguard"
 # Where configure_logging writes its rotated NDJSON file when no path is given.
 ENV_LOG_FILE = "TRAINGUARD_LOG_FILE"
+# A folder for per-process ECS NDJSON logs (the demo trainer writes rank<N>.ndjson there).
+ENV_LOG_DIR = "TRAINGUARD_LOG_DIR"

@@ -136,16 +136,34 @@ def spans_and_metrics(
     return result
 
 
-def straggler(rank: int, world: int, out: Path, slow_rank: int, steps: int) -> dict[str, Any]:
-    """Every rank "computes" 40 ms per forward; ``slow_rank`` 1.6x as long."""
+def straggler(
+    rank: int, world: int, out: Path, slow_rank: int, steps: int, guarded: bool = False
+) -> dict[str, Any]:
+    """Every rank "computes" 40 ms per forward; ``slow_rank`` 1.6x as long. ``guarded`` trains
+    through ``guarded_step`` with OOM recovery (its agreement all-reduce waits on the slow
+    rank between forward and backward, which must not count as the fast ranks' compute)."""
     base = 0.04
     model = make_ddp(delay=base * 1.6 if rank == slow_rank else base)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     registry = CollectorRegistry()
     handle = trainguard.instrument(
-        model, optimizer, job_id="job-straggler", registry=registry, metrics_port=-1
+        model,
+        optimizer,
+        job_id="job-straggler",
+        registry=registry,
+        metrics_port=-1,
+        oom_recovery=guarded,
     )
     labels = labels_of(handle)
+
+    def run(count: int, first: int) -> None:
+        if not guarded:
+            train(model, optimizer, count, rank, first)
+            return
+        for step in range(first, first + count):
+            optimizer.zero_grad()
+            handle.guarded_step(batch(step, rank), lambda micro: loss_of(model, micro))
+            optimizer.step()
 
     def totals() -> dict[str, float]:
         handle.flush()
@@ -160,9 +178,9 @@ def straggler(rank: int, world: int, out: Path, slow_rank: int, steps: int) -> d
             )
         }
 
-    train(model, optimizer, 3, rank)  # warm-up: bucket rebuild, first-iteration costs
+    run(3, 0)  # warm-up: bucket rebuild, first-iteration costs
     before = totals()
-    train(model, optimizer, steps, rank, first=3)
+    run(steps, 3)
     publish_last_timers(model, rank)
     after = totals()
     handle.uninstrument()

@@ -88,9 +88,12 @@ def test_exemplar_trace_ids_are_those_of_exported_spans(tmp_path: Path) -> None:
         assert set(exemplars) <= exported
 
 
-def test_straggler_is_found_by_compute_time_not_step_time(tmp_path: Path) -> None:
+@pytest.mark.parametrize("guarded", [False, True], ids=["plain-loop", "guarded-step"])
+def test_straggler_is_found_by_compute_time_not_step_time(tmp_path: Path, guarded: bool) -> None:
     steps, slow = 12, 2
-    results = run_ranks(scenarios.straggler, 4, tmp_path, slow_rank=slow, steps=steps)
+    results = run_ranks(
+        scenarios.straggler, 4, tmp_path, slow_rank=slow, steps=steps, guarded=guarded
+    )
     step_means = [
         r["trainguard_step_duration_seconds_sum"] / r["trainguard_step_duration_seconds_count"]
         for r in results

@@ -34,7 +34,7 @@ def test_reducer_stats_split_sync_into_overlap_and_wait() -> None:
     stats = reducer.parse_logging_data(LOGGING_DATA)
     assert stats is not None
     assert stats.iteration == 3
-    assert stats.compute_ns == 33640214 + 180088225
+    assert (stats.forward_compute_ns, stats.backward_compute_ns) == (33640214, 180088225)
     assert stats.sync_wait_ns == 208152681 - 175261936
     assert stats.bucket_bytes == (4198400, 29388800, 29388800, 4198400)
 

@@ -1,0 +1,322 @@
+"""``trainguard demo``: the detect -> alert -> remediate loop on one machine, no Docker.
+
+Starts the stack (:mod:`.stack`), runs the fault-injecting job as two torchrun elastic nodes,
+shows a live view (steps/s, per-rank step time, alerts firing, actions taken), and at the end
+measures each fault's detection latency, action latency and time to recovery, writes the
+incident report and prints where everything is. Ctrl-C stops every process it started.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from trainguard import contract
+from trainguard.demo.config import DEMO_JOB_ID, NODES, DemoConfig
+from trainguard.demo.faults import FaultKind, FaultLedger
+from trainguard.demo.stack import Stack, ensure_binaries
+
+# What each fault should set off: the alert, then the action that repairs it.
+EXPECTED: dict[FaultKind, tuple[contract.Alert, str]] = {
+    FaultKind.STRAGGLER: (contract.Alert.TRAINING_STRAGGLER, "exclude_node"),
+    FaultKind.HANG: (contract.Alert.TRAINING_COLLECTIVE_STALLED, "restart_from_checkpoint"),
+    FaultKind.OOM: (contract.Alert.TRAINING_OOM, "split_micro_batches"),
+}
+TARGETS = {"hang_detection_s": 30.0, "straggler_detection_s": 60.0, "mttr_s": 120.0}
+
+
+@dataclass
+class FaultOutcome:
+    """What happened to one injected fault, in seconds from its injection."""
+
+    fault: str
+    injected_at: float
+    alert_received_s: float | None = None
+    action_done_s: float | None = None
+    recovered_s: float | None = None
+    action: dict[str, Any] | None = None
+
+    @property
+    def detection_s(self) -> float | None:
+        return self.alert_received_s
+
+    @property
+    def action_s(self) -> float | None:
+        if self.alert_received_s is None or self.action_done_s is None:
+            return None
+        return self.action_done_s - self.alert_received_s
+
+
+@dataclass
+class DemoResult:
+    finished: bool
+    final_step: int | None
+    outcomes: dict[str, FaultOutcome] = field(default_factory=dict)
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def drill_report(self) -> dict[str, dict[str, float | None]]:
+        return {
+            "detection_s": {k: o.detection_s for k, o in self.outcomes.items()},
+            "action_s": {k: o.action_s for k, o in self.outcomes.items()},
+            "mttr_s": {k: o.recovered_s for k, o in self.outcomes.items()},
+        }
+
+
+def read_events(cfg: DemoConfig) -> list[dict[str, Any]]:
+    path = cfg.checkpoint_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written while we read
+    return events
+
+
+def _timestamp(value: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def fetch_actions(cfg: DemoConfig) -> list[dict[str, Any]]:
+    token = cfg.token_file.read_text().strip()
+    response = httpx.get(
+        f"{cfg.url('remediation')}/v1/actions",
+        params={"limit": 500},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=5,
+    )
+    response.raise_for_status()
+    actions: list[dict[str, Any]] = response.json()["actions"]
+    return actions
+
+
+def outcomes(
+    cfg: DemoConfig, actions: list[dict[str, Any]], events: list[dict[str, Any]]
+) -> dict[str, FaultOutcome]:
+    """Match each injected fault to its alert, its action and the training's recovery."""
+    ledger = FaultLedger(cfg.checkpoint_dir)
+    steps = [e for e in events if e.get("event") == "step"]
+    result = {}
+    for kind, (alert, action_name) in EXPECTED.items():
+        fired = ledger.fired(kind)
+        if fired is None:
+            continue
+        outcome = FaultOutcome(kind.value, fired.at)
+        matching = sorted(
+            (
+                a
+                for a in actions
+                if a["alert"]["name"] == alert.value
+                and a["action"] == action_name
+                and _timestamp(a["alert"]["received_at"]) >= fired.at
+            ),
+            key=lambda a: a["created_at"],
+        )
+        resume_after = fired.at
+        if matching:
+            action = outcome.action = matching[0]
+            outcome.alert_received_s = _timestamp(action["alert"]["received_at"]) - fired.at
+            done = [t for t in action["transitions"] if t["state"] == "succeeded"]
+            if done:
+                done_at = _timestamp(done[0]["at"])
+                outcome.action_done_s = done_at - fired.at
+                if kind is not FaultKind.OOM:
+                    # Recovery is training progressing again after the repair restarted it;
+                    # an OOM is recovered in place by guarded_step.
+                    resume_after = done_at
+        if kind is FaultKind.OOM or outcome.action_done_s is not None:
+            later = [e["t"] for e in steps if e["t"] > resume_after]
+            if later:
+                outcome.recovered_s = min(later) - fired.at
+        result[kind.value] = outcome
+    return result
+
+
+class LiveView:
+    """A few lines every few seconds: what a person watching the demo wants to see."""
+
+    def __init__(self, cfg: DemoConfig) -> None:
+        self.cfg = cfg
+        self.prometheus = httpx.Client(base_url=cfg.url("prometheus"), timeout=3)
+        self.started = time.monotonic()
+        self.seen_actions: set[int] = set()
+
+    def _query(self, expr: str) -> list[dict[str, Any]]:
+        try:
+            data = self.prometheus.get("/api/v1/query", params={"query": expr}).json()
+        except (httpx.HTTPError, ValueError):
+            return []
+        result: list[dict[str, Any]] = data.get("data", {}).get("result", [])
+        return result
+
+    def show(self) -> None:
+        job = f'{contract.LABEL_JOB_ID}="{DEMO_JOB_ID}"'
+        steps = self._query(f"max(rate({contract.STEPS.name}{{{job}}}[10s]))")
+        compute = contract.STEP_COMPUTE_DURATION.name
+        per_rank = self._query(
+            f"sum by (rank, node) (rate({compute}_sum{{{job}}}[10s]))"
+            f" / sum by (rank, node) (rate({compute}_count{{{job}}}[10s]))"
+        )
+        alerts = self._query('ALERTS{alertstate="firing"}')
+        elapsed = time.monotonic() - self.started
+        rate = float(steps[0]["value"][1]) if steps else 0.0
+        ranks = "  ".join(
+            f"r{m.get('rank')}@{m.get('node')} {1000 * float(v):.0f}ms"
+            for m, (_, v) in sorted(
+                ((s["metric"], s["value"]) for s in per_rank),
+                key=lambda pair: int(pair[0].get("rank", 0)),
+            )
+            if v not in ("NaN", "+Inf")
+        )
+        firing = ", ".join(sorted({a["metric"]["alertname"] for a in alerts})) or "none"
+        print(f"[{elapsed:5.0f}s] {rate:5.1f} steps/s | compute/step {ranks or '-'}", flush=True)
+        print(f"         alerts firing: {firing}", flush=True)
+        try:
+            actions = fetch_actions(self.cfg)
+        except (httpx.HTTPError, OSError):
+            return
+        for action in sorted(actions, key=lambda a: a["id"]):
+            if action["id"] not in self.seen_actions and action["state"] in (
+                "succeeded",
+                "failed",
+            ):
+                self.seen_actions.add(action["id"])
+                print(
+                    f"         action {action['action']} ({action['alert']['name']}, "
+                    f"{action['subject']}): {action['state']}",
+                    flush=True,
+                )
+
+
+def run_demo(
+    cfg: DemoConfig,
+    timeout_s: float,
+    keep_running: bool = False,
+    inspect: Callable[[DemoConfig, DemoResult], None] | None = None,
+) -> DemoResult:
+    """Run the whole demo; returns what happened. Every process is stopped before returning
+    unless ``keep_running`` (then Ctrl-C stops them). ``inspect`` runs while the stack is still
+    up (the drill queries Prometheus there)."""
+    ensure_binaries()
+    with Stack(cfg) as stack:
+        stack.start_services()
+        _wait_ready(cfg)
+        stack.start_training()
+        view = LiveView(cfg)
+        deadline = time.monotonic() + timeout_s
+        finished = False
+        while time.monotonic() < deadline:
+            time.sleep(3)
+            view.show()
+            failed = stack.failed_services()
+            if failed:
+                raise RuntimeError(f"{', '.join(failed)} stopped; see {cfg.logs}")
+            finish = [e for e in read_events(cfg) if e.get("event") == "finish"]
+            if finish and not any(stack.alive(f"agent-{node}") for node in NODES):
+                finished = True
+                break
+        time.sleep(2)  # let the last scrape and evaluation land
+        events = read_events(cfg)
+        actions = fetch_actions(cfg)
+        finishes = [e for e in events if e.get("event") == "finish"]
+        result = DemoResult(
+            finished=finished,
+            final_step=finishes[-1]["step"] if finishes else None,
+            outcomes=outcomes(cfg, actions, events),
+            actions=actions,
+            events=events,
+        )
+        write_summary(cfg, result)
+        if inspect is not None:
+            inspect(cfg, result)
+        if keep_running:
+            print("the stack stays up; Ctrl-C stops it", flush=True)
+            signal.pause()
+    return result
+
+
+def _wait_ready(cfg: DemoConfig, timeout_s: float = 60.0) -> None:
+    checks = {
+        "remediation": f"{cfg.url('remediation')}/readyz",
+        "prometheus": f"{cfg.url('prometheus')}/-/ready",
+        "alertmanager": f"{cfg.url('alertmanager')}/-/ready",
+        "exporter": f"{cfg.url('exporter')}/metrics",
+    }
+    deadline = time.monotonic() + timeout_s
+    pending = dict(checks)
+    while pending and time.monotonic() < deadline:
+        for name, url in list(pending.items()):
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    del pending[name]
+            except httpx.HTTPError:
+                continue
+        time.sleep(0.5)
+    if pending:
+        raise RuntimeError(f"{', '.join(pending)} did not become ready; see {cfg.logs}")
+
+
+def write_summary(cfg: DemoConfig, result: DemoResult) -> Path:
+    """The drill report (JSON) and the incident summary (Markdown) in the work folder."""
+    (cfg.workdir / "drill-report.json").write_text(json.dumps(result.drill_report(), indent=2))
+    lines = [
+        "# trainguard demo: incident summary",
+        "",
+        f"Training {'finished' if result.finished else 'did NOT finish'} at step "
+        f"{result.final_step}.",
+        "",
+        "| fault | detected (s) | action | action took (s) | training again (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, outcome in result.outcomes.items():
+        action = outcome.action["action"] if outcome.action else "none"
+        lines.append(
+            f"| {name} | {_fmt(outcome.detection_s)} | {action} | {_fmt(outcome.action_s)} | "
+            f"{_fmt(outcome.recovered_s)} |"
+        )
+    lines += ["", "Actions taken by the remediation service:", ""]
+    for action in sorted(result.actions, key=lambda a: a["id"]):
+        lines.append(
+            f"- {action['created_at']} {action['action']} for {action['alert']['name']} "
+            f"({action['subject']}): {action['state']}"
+        )
+    path = cfg.workdir / "incident-summary.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def print_where(cfg: DemoConfig, result: DemoResult) -> None:
+    print("", flush=True)
+    print((cfg.workdir / "incident-summary.md").read_text(), flush=True)
+    for name, outcome in result.outcomes.items():
+        print(
+            f"{name}: detection {_fmt(outcome.detection_s)} s, action {_fmt(outcome.action_s)} s,"
+            f" MTTR {_fmt(outcome.recovered_s)} s",
+            flush=True,
+        )
+    print(
+        f"targets: stalled-collective alert <= {TARGETS['hang_detection_s']:.0f} s, straggler "
+        f"alert <= {TARGETS['straggler_detection_s']:.0f} s, MTTR <= {TARGETS['mttr_s']:.0f} s",
+        flush=True,
+    )
+    print(f"work folder:       {cfg.workdir}", flush=True)
+    print(f"logs:              {cfg.logs} (ECS JSON of the ranks in {cfg.logs / 'training'})")
+    print(f"Flight Recorder:   {cfg.dumps}", flush=True)
+    print(f"spans (JSON):      {cfg.spans_dir}", flush=True)
+    print(f"drill report:      {cfg.workdir / 'drill-report.json'}", flush=True)

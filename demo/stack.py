@@ -1,0 +1,354 @@
+"""The demo's stack on one machine: configuration files and the processes that use them.
+
+:func:`write_configs` renders everything into the work folder: alert rules from
+``alerts/thresholds.yml`` with demo-speed overrides (short windows and ``for`` durations),
+``prometheus.yml`` (2 s scrapes, file_sd for the ranks, exemplar storage), ``alertmanager.yml``
+(every alert to the remediation webhook, bearer token from a file), the remediation policy
+(actions only for the demo's own job) and the token. :class:`Stack` starts the processes —
+remediation service, exporter, Prometheus, Alertmanager and two torchrun elastic agents that
+stand for two nodes — each in its own session with its log in the work folder, and stops every
+one of them on :meth:`Stack.stop` (also on Ctrl-C), so nothing is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainguard import contract
+from trainguard.alerts import rules as alert_rules
+from trainguard.demo.config import DEMO_JOB_ID, NODES, DemoConfig
+
+REPO_ALERTS = Path(alert_rules.__file__).resolve().parent
+
+# Demo-speed thresholds: the shipped ones are for real jobs (10-minute straggler windows).
+DEMO_THRESHOLDS: dict[str, Any] = {
+    "rate_window": "20s",
+    "warmup_steps": 10,
+    "straggler_for": "6s",
+    "collective_stall_floor_seconds": 8,
+    "collective_stall_step_multiplier": 5,
+    "collective_stall_for": "0s",
+    "stalled_seconds": 120,
+    "stalled_for": "10s",
+    "rank_down_for": "10s",
+    "rank_absent_window": "2m",
+    "oom_window": "2m",
+    "nccl_timeout_window": "2m",
+    "dataloader_for": "1m",
+    "fragmentation_for": "1m",
+}
+# The hook's own watchdog floor: below the alert's floor, so dumps exist when the alert fires.
+HOOK_STALL_FLOOR_SECONDS = 4.0
+
+
+def _dump(path: Path, data: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def demo_policy(cfg: DemoConfig) -> dict[str, Any]:
+    """Remediation for the demo's job only: other jobs' alerts match no rule."""
+    only_demo = [f'{contract.LABEL_JOB_ID}="{DEMO_JOB_ID}"']
+    restart = [{"action": "dump_diagnostics"}, {"action": "restart_from_checkpoint"}]
+    rules: list[dict[str, Any]] = [
+        {
+            "alert": contract.Alert.TRAINING_STRAGGLER.value,
+            "matchers": only_demo,
+            "actions": [
+                {
+                    "action": "exclude_node",
+                    "after_seconds": cfg.straggler_exclude_after_seconds,
+                    "cooldown_seconds": 600,
+                }
+            ],
+        },
+        {
+            "alert": contract.Alert.TRAINING_COLLECTIVE_STALLED.value,
+            "matchers": only_demo,
+            "actions": restart,
+        },
+        {
+            "alert": contract.Alert.TRAINING_NCCL_TIMEOUT.value,
+            "matchers": only_demo,
+            "actions": restart,
+        },
+        {
+            "alert": contract.Alert.TRAINING_OOM.value,
+            "matchers": only_demo,
+            "actions": [{"action": "split_micro_batches", "params": {"factor": 2}}],
+        },
+    ]
+    return {"version": 1, "rules": rules}
+
+
+def write_configs(cfg: DemoConfig) -> dict[str, Path]:
+    """Render every configuration file the stack needs into the work folder."""
+    conf = cfg.workdir / "config"
+    thresholds = yaml.safe_load((REPO_ALERTS / "thresholds.yml").read_text())
+    thresholds.update(DEMO_THRESHOLDS)
+    rules_path = conf / "trainguard.rules.yml"
+    rules_path.parent.mkdir(parents=True, exist_ok=True)
+    rules_path.write_text(alert_rules.render(alert_rules.Thresholds.from_mapping(thresholds)))
+    cfg.token_file.parent.mkdir(parents=True, exist_ok=True)
+    if not cfg.token_file.exists():
+        cfg.token_file.write_text(secrets.token_urlsafe(32))
+        cfg.token_file.chmod(0o600)
+    for folder in (cfg.file_sd, cfg.logs, cfg.dumps, cfg.checkpoint_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+    prometheus = {
+        "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+        "rule_files": [str(rules_path)],
+        "storage": {"exemplars": {"max_exemplars": 100000}},
+        "alerting": {
+            "alertmanagers": [
+                {"static_configs": [{"targets": [f"127.0.0.1:{cfg.ports.alertmanager}"]}]}
+            ]
+        },
+        "scrape_configs": [
+            {
+                "job_name": "trainguard-ranks",
+                "honor_labels": True,
+                "file_sd_configs": [
+                    {"files": [str(cfg.file_sd / "*.json")], "refresh_interval": "2s"}
+                ],
+            },
+            {
+                "job_name": "trainguard-exporter",
+                "static_configs": [
+                    {
+                        "targets": [f"127.0.0.1:{cfg.ports.exporter}"],
+                        "labels": {contract.LABEL_NODE: NODES[0]},
+                    }
+                ],
+            },
+            {
+                "job_name": "trainguard-remediation",
+                "static_configs": [{"targets": [f"127.0.0.1:{cfg.ports.remediation}"]}],
+            },
+        ],
+    }
+    alertmanager = {
+        "route": {
+            "receiver": "remediation",
+            "group_by": ["alertname", contract.LABEL_JOB_ID],
+            "group_wait": "1s",
+            "group_interval": "2s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [
+            {
+                "name": "remediation",
+                "webhook_configs": [
+                    {
+                        "url": f"{cfg.url('remediation')}/v1/alertmanager",
+                        "send_resolved": True,
+                        "http_config": {"authorization": {"credentials_file": str(cfg.token_file)}},
+                    }
+                ],
+            }
+        ],
+    }
+    return {
+        "rules": rules_path,
+        "prometheus": _dump(conf / "prometheus.yml", prometheus),
+        "alertmanager": _dump(conf / "alertmanager.yml", alertmanager),
+        "policy": _dump(conf / "remediation-policy.yml", demo_policy(cfg)),
+    }
+
+
+class MissingBinaryError(RuntimeError):
+    """A program the demo needs is not installed; the message says how to get it."""
+
+
+DEBIAN_PACKAGES = {"prometheus": "prometheus", "prometheus-alertmanager": "prometheus-alertmanager"}
+
+
+def ensure_binaries() -> None:
+    """Install Debian's Prometheus and Alertmanager if missing and possible, else explain."""
+    missing = [name for name in DEBIAN_PACKAGES if shutil.which(name) is None]
+    if not missing:
+        return
+    packages = [DEBIAN_PACKAGES[name] for name in missing]
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        print(f"installing {' '.join(packages)} from Debian ...", flush=True)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=False, env=env)
+    still = [name for name in missing if shutil.which(name) is None]
+    if still:
+        raise MissingBinaryError(
+            f"the demo needs {', '.join(still)} on PATH; install them with "
+            f"`sudo apt-get install {' '.join(DEBIAN_PACKAGES[n] for n in still)}` "
+            "(Debian/Ubuntu) or put the upstream binaries on PATH"
+        )
+
+
+class Stack:
+    """Starts and stops the demo's processes; a context manager that always cleans up."""
+
+    def __init__(self, cfg: DemoConfig) -> None:
+        self.cfg = cfg
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.paths: dict[str, Path] = {}
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _start(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
+        log = (self.cfg.logs / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            cwd=self.cfg.workdir,
+            start_new_session=True,  # its own process group: stop() takes its children too
+        )
+        log.close()
+
+    def start_services(self) -> None:
+        cfg = self.cfg
+        self.paths = write_configs(cfg)
+        trainguard = [sys.executable, "-m", "trainguard"]
+        self._start(
+            "remediation",
+            [
+                *trainguard, "remediation", "--live",
+                "--port", str(cfg.ports.remediation),
+                "--db", str(cfg.workdir / "remediation.db"),
+                "--policy", str(self.paths["policy"]),
+                "--token-file", str(cfg.token_file),
+            ],
+            {
+                "TRAINGUARD_REMEDIATION_REQUIRE_APPROVAL": "false",
+                "TRAINGUARD_REMEDIATION_COOLDOWN_SECONDS": "30",
+                "TRAINGUARD_REMEDIATION_SWEEP_INTERVAL_SECONDS": "0.5",
+                "TRAINGUARD_REMEDIATION_BUDGET_PER_HOUR": "20",
+            },
+        )  # fmt: skip
+        self._start(
+            "exporter",
+            [
+                *trainguard, "exporter",
+                "--web.listen-address", f"127.0.0.1:{cfg.ports.exporter}",
+                "--simulate-gpus", "2", "--node", NODES[0],
+            ],
+        )  # fmt: skip
+        self._start(
+            "prometheus",
+            [
+                "prometheus",
+                f"--config.file={self.paths['prometheus']}",
+                f"--storage.tsdb.path={cfg.workdir / 'prometheus-data'}",
+                f"--web.listen-address=127.0.0.1:{cfg.ports.prometheus}",
+                "--enable-feature=exemplar-storage",
+                "--web.enable-lifecycle",
+            ],
+        )
+        self._start(
+            "alertmanager",
+            [
+                "prometheus-alertmanager",
+                f"--config.file={self.paths['alertmanager']}",
+                f"--storage.path={cfg.workdir / 'alertmanager-data'}",
+                f"--web.listen-address=127.0.0.1:{cfg.ports.alertmanager}",
+                f"--cluster.listen-address=127.0.0.1:{cfg.ports.alertmanager_cluster}",
+            ],
+        )
+
+    def training_env(self, node: str) -> dict[str, str]:
+        cfg = self.cfg
+        return {
+            contract.ENV_JOB_ID: DEMO_JOB_ID,
+            contract.ENV_NODE: node,
+            contract.ENV_FILE_SD_DIR: str(cfg.file_sd),
+            contract.ENV_DUMP_DIR: str(cfg.dumps),
+            contract.ENV_LOG_DIR: str(cfg.logs / "training"),
+            contract.ENV_METRICS_PORT: str(cfg.ports.metrics + (0 if node == NODES[0] else 10)),
+            contract.ENV_METRICS_ADDR: "127.0.0.1",
+            contract.ENV_STALL_FLOOR: str(HOOK_STALL_FLOOR_SECONDS),
+            contract.ENV_REMEDIATION_URL: cfg.url("remediation"),
+            contract.ENV_REMEDIATION_TOKEN: cfg.token_file.read_text().strip(),
+            "TORCH_FR_BUFFER_SIZE": "2000",
+            "OMP_NUM_THREADS": "1",
+            # torch 2.13's shared rendezvous store cannot re-admit nodes (see README).
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def start_training(self) -> None:
+        """Two torchrun agents on this host, one per "node", c10d rendezvous, --nnodes 1:2."""
+        cfg = self.cfg
+        for index, node in enumerate(NODES):
+            command = [
+                sys.executable, "-m", "torch.distributed.run",
+                "--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "5",
+                "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{cfg.ports.rendezvous}",
+                "--rdzv-id", DEMO_JOB_ID,
+                "--rdzv-conf", ",".join((
+                    "last_call_timeout=3", "join_timeout=120", f"is_host={int(index == 0)}",
+                    "keep_alive_interval=1", "keep_alive_max_attempt=5",
+                )),
+                "--monitor-interval", "0.5",
+                "-m", "trainguard.demo.train",
+                "--steps", str(cfg.steps),
+                "--step-seconds", str(cfg.step_seconds),
+                "--checkpoint-dir", str(cfg.checkpoint_dir),
+                "--faults", cfg.faults,
+            ]  # fmt: skip
+            if cfg.spans:
+                command += ["--spans-dir", str(cfg.spans_dir)]
+            self._start(f"agent-{node}", command, self.training_env(node))
+            if index == 0:
+                time.sleep(1.0)  # node-a hosts the rendezvous store
+
+    def alive(self, name: str) -> bool:
+        process = self.processes.get(name)
+        return process is not None and process.poll() is None
+
+    def failed_services(self) -> list[str]:
+        """Services (not training agents, which may legitimately exit) that died."""
+        return [
+            name
+            for name, process in self.processes.items()
+            if not name.startswith("agent-") and process.poll() is not None
+        ]
+
+    def stop(self, grace_seconds: float = 10.0) -> None:
+        """Terminate every process group we started; kill what has not exited in time."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                _signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + grace_seconds
+        for process in self.processes.values():
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(process, signal.SIGKILL)
+                process.wait(5)
+        for process in self.processes.values():
+            # Children that outlived their leader (torchrun workers) share its group.
+            _signal_group(process, signal.SIGKILL)
+
+
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        return

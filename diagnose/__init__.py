@@ -1,0 +1,90 @@
+"""``trainguard diagnose``: the incident report that says what broke, where, why, what to do.
+
+:func:`diagnose` reads one job's series from Prometheus, the hook's events and raw logs, and
+the Flight Recorder dumps of a hang, and returns a :class:`Report`: symptom, scope, ranked
+root-cause candidates with their evidence, advice, and (with ``charts_dir``) PNG charts.
+Needs httpx and PyYAML (the ``diagnose`` extra, which adds matplotlib for the charts); torch
+only to analyse Flight Recorder dumps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainguard.diagnose.model import Candidate, Chart, Failure, Report, Scope, ScopeLevel, Symptom
+from trainguard.diagnose.prometheus import PrometheusClient, PrometheusError
+from trainguard.diagnose.signals import NoDataError
+
+__all__ = [
+    "Candidate",
+    "Chart",
+    "Failure",
+    "NoDataError",
+    "PrometheusError",
+    "Report",
+    "Scope",
+    "ScopeLevel",
+    "Symptom",
+    "diagnose",
+]
+
+
+def diagnose(
+    prometheus_url: str,
+    job_id: str,
+    *,
+    since_seconds: float = 7200.0,
+    until: float | None = None,
+    dumps: Path | None = None,
+    logs: Sequence[str] = (),
+    charts_dir: Path | None = None,
+    timeout: float = 30.0,
+) -> Report:
+    """Diagnose ``job_id`` over ``[until - since_seconds, until]`` (``until`` defaults to now).
+
+    Raises PrometheusError when Prometheus cannot be queried and NoDataError when it holds
+    nothing about the job in the window.
+    """
+    from trainguard.diagnose.analysis import Diagnosis
+    from trainguard.diagnose.evidence import read_dumps, read_logs
+    from trainguard.diagnose.signals import collect
+
+    end = time.time() if until is None else until
+    start = end - since_seconds
+    with PrometheusClient(prometheus_url, timeout=timeout) as client:
+        sig = collect(client, job_id, start, end)
+    report = Report(job_id, start, end, time.time(), prometheus_url)
+    report.inputs.append(
+        f"Prometheus: {len(sig.ranks)} ranks on {len(sig.nodes)} node(s), query step {sig.step:g} s"
+    )
+    log_evidence = None
+    if logs:
+        log_evidence = read_logs(logs, job_id)
+        report.inputs.append(
+            f"logs: {log_evidence.files} file(s), {len(log_evidence.events)} hook event(s) of "
+            f"this job, {len(log_evidence.findings)} triage finding(s)"
+        )
+        report.notes += [f"unreadable log {u}" for u in log_evidence.unreadable]
+        if log_evidence.other_jobs_skipped:
+            report.notes.append(
+                f"{log_evidence.other_jobs_skipped} event(s) of other jobs in the logs ignored"
+            )
+    stall_dumps = []
+    if dumps is not None:
+        if not dumps.is_dir():
+            report.notes.append(f"dump folder {dumps} does not exist")
+        else:
+            stall_dumps = read_dumps(dumps, job_id)
+            report.inputs.append(
+                f"Flight Recorder: {len(stall_dumps)} stall folder(s) under {dumps}"
+            )
+    diagnosis = Diagnosis(sig, log_evidence, stall_dumps, report)
+    diagnosis.run()
+    if charts_dir is not None:
+        from trainguard.diagnose.charts import draw_all
+
+        report.charts, notes = draw_all(diagnosis, charts_dir)
+        report.notes += notes
+    return report

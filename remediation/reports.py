@@ -1,0 +1,125 @@
+"""A ``trainguard diagnose`` report attached to every action the service carries out.
+
+When ``diagnose_prometheus_url`` is set, the worker hands each finished action (succeeded or
+failed) to :class:`ReportAttacher`, which diagnoses the action's job on its own thread and
+stores the Markdown and JSON report beside the action. ``GET /v1/actions/{id}/report``
+(:mod:`trainguard.remediation.report_api`) serves it, and the action's audit view links to it.
+The diagnosis runs after the outcome is committed and every failure of it is stored as the
+report's ``error``: it never fails, delays or repeats an action. Charts are not drawn here
+(they need matplotlib; ``trainguard diagnose`` draws them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from trainguard import contract
+from trainguard.remediation.executors import ActionRecord
+from trainguard.remediation.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def report_path(action_id: int) -> str:
+    return f"/v1/actions/{action_id}/report"
+
+
+class ActionReport(BaseModel):
+    """The diagnosis of an action's job, made right after the action finished."""
+
+    action_id: int
+    job_id: str
+    created_at: datetime
+    markdown: str | None = Field(description="The incident report (Markdown); null on error.")
+    report: dict[str, Any] | None = Field(description="The same report as JSON; null on error.")
+    error: str | None = Field(description="Why no report could be made (Prometheus down, ...).")
+
+
+def has_report(conn: sqlite3.Connection, action_id: int) -> bool:
+    row = conn.execute("SELECT 1 FROM reports WHERE action_id = ?", (action_id,)).fetchone()
+    return row is not None
+
+
+def get_report(conn: sqlite3.Connection, action_id: int) -> ActionReport | None:
+    row = conn.execute("SELECT * FROM reports WHERE action_id = ?", (action_id,)).fetchone()
+    if row is None:
+        return None
+    return ActionReport(
+        action_id=row["action_id"],
+        job_id=row["job_id"],
+        created_at=datetime.fromtimestamp(row["created_at"], tz=timezone.utc),
+        markdown=row["markdown"],
+        report=None if row["report"] is None else json.loads(row["report"]),
+        error=row["error"],
+    )
+
+
+class ReportAttacher:
+    """Diagnoses the job of each finished action on one background thread, in order."""
+
+    def __init__(
+        self,
+        store: Store,
+        prometheus_url: str,
+        *,
+        window_seconds: float,
+        timeout_seconds: float,
+        dumps_dir: Path | None = None,
+    ) -> None:
+        self._store = store
+        self._url = prometheus_url
+        self._window = window_seconds
+        self._timeout = timeout_seconds
+        self._dumps = dumps_dir
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainguard-remediation-diagnose")
+
+    def submit(self, record: ActionRecord) -> None:
+        self._pool.submit(self._attach, record.id, record.labels.get(contract.LABEL_JOB_ID))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _attach(self, action_id: int, job_id: str | None) -> None:
+        markdown = report = error = None
+        if not job_id:
+            error = f"the alert has no {contract.LABEL_JOB_ID} label: no job to diagnose"
+        else:
+            try:
+                from trainguard.diagnose import diagnose
+                from trainguard.diagnose.render import as_json
+                from trainguard.diagnose.render import markdown as render_markdown
+
+                result = diagnose(
+                    self._url,
+                    job_id,
+                    since_seconds=self._window,
+                    dumps=self._dumps,
+                    timeout=self._timeout,
+                )
+                markdown, report = render_markdown(result), as_json(result)
+            except Exception as exc:
+                # Whatever goes wrong (Prometheus down, no data, a bug), the action stands and
+                # the report says why it is missing.
+                log.warning("diagnosis for action %d (job %s) failed: %s", action_id, job_id, exc)
+                error = str(exc) or repr(exc)
+        row = (action_id, job_id or "", time.time(), markdown, report, error)
+        try:
+            self._store.write_sync(
+                lambda conn: conn.execute(
+                    "INSERT OR REPLACE INTO reports "
+                    "(action_id, job_id, created_at, markdown, report, error) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    row,
+                )
+            )
+        except Exception:
+            log.exception("could not store the diagnosis of action %d", action_id)

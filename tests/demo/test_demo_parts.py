@@ -1,0 +1,90 @@
+"""The demo's fault plan, its fault ledger and the configuration it renders."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from trainguard.demo.config import DEMO_JOB_ID, DemoConfig
+from trainguard.demo.faults import (
+    DEFAULT_PLAN,
+    Fault,
+    FaultKind,
+    FaultLedger,
+    FaultPlanError,
+    parse_plan,
+)
+from trainguard.demo.stack import write_configs
+from trainguard.remediation.policy import load_policy
+
+
+def test_the_default_plan() -> None:
+    assert parse_plan(DEFAULT_PLAN) == [
+        Fault(FaultKind.STRAGGLER, 2, 20.0, 1.5),
+        Fault(FaultKind.HANG, 1, 60.0),
+        Fault(FaultKind.OOM, 0, 90.0),
+    ]
+    assert parse_plan("") == []
+    assert parse_plan("oom:rank=3,at=1.5m; hang:rank=0,at=500ms") == [
+        Fault(FaultKind.OOM, 3, 90.0),
+        Fault(FaultKind.HANG, 0, 0.5),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [
+        ("meltdown:rank=1,at=2s", "unknown fault 'meltdown'"),
+        ("hang:rank=1", "needs rank= and at="),
+        ("hang:rank=1,at=soon", "not a duration"),
+        ("hang:rank=x,at=1s", "invalid literal"),
+        ("straggler:rank=1,at=1s,factor=0.5", "factor >= 1"),
+        ("hang:rank=1,at=1s,colour=red", "unknown option"),
+        ("hang:rank1,at=1s", "not key=value"),
+    ],
+)
+def test_bad_plans_say_what_is_wrong(plan: str, message: str) -> None:
+    with pytest.raises(FaultPlanError, match=message):
+        parse_plan(plan)
+
+
+def test_the_ledger_keeps_the_job_start_and_fires_once(tmp_path: Path) -> None:
+    ledger = FaultLedger(tmp_path)
+    started = ledger.job_started_at()
+    assert FaultLedger(tmp_path).job_started_at() == started, "a restart keeps the start"
+    assert ledger.fired(FaultKind.HANG) is None
+    fired = ledger.fire(Fault(FaultKind.HANG, 1, 5.0), "node-a")
+    again = FaultLedger(tmp_path).fired(FaultKind.HANG)
+    assert again == fired and again.node == "node-a" and again.rank == 1
+
+
+def _require(binary: str) -> None:
+    if shutil.which(binary) is None and os.environ.get("TRAINGUARD_REQUIRE_BINARIES") != "1":
+        pytest.skip(f"needs {binary}")
+
+
+def test_rendered_configs_pass_their_own_checkers(tmp_path: Path) -> None:
+    cfg = DemoConfig(workdir=tmp_path)
+    paths = write_configs(cfg)
+    _require("promtool")
+    _require("amtool")
+    checked = subprocess.run(
+        ["promtool", "check", "config", str(paths["prometheus"])], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS" in checked.stdout and "rule" in checked.stdout
+    checked = subprocess.run(
+        ["amtool", "check-config", str(paths["alertmanager"])], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    policy = load_policy(paths["policy"])
+    assert {rule.alert for rule in policy.rules} >= {"TrainingStraggler", "TrainingOOM"}
+    assert all(
+        any(m.label == "job_id" and m.value == DEMO_JOB_ID for m in rule.matchers)
+        for rule in policy.rules
+    ), "the demo's policy acts on the demo's own job only"
+    assert cfg.token_file.stat().st_mode & 0o077 == 0, "the token file is private"

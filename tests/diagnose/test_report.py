@@ -1,0 +1,246 @@
+"""The incident report on a real Prometheus: one job per injected fault (see synthetic.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from tests.diagnose import synthetic
+from tests.diagnose.conftest import HangRun, History
+from trainguard.cli import main
+from trainguard.diagnose import Failure, Report, ScopeLevel, diagnose
+from trainguard.diagnose.charts import COLLECTIVE_AGE, HEATMAP, MEMORY, PHASES
+from trainguard.diagnose.render import markdown
+
+
+def run(history: History, job_id: str, out: Path, **kwargs: Any) -> Report:
+    return diagnose(history.url, job_id, until=history.now, charts_dir=out / "charts", **kwargs)
+
+
+def chart(report: Report, name: str) -> dict[str, Any]:
+    """The data behind a chart, after checking its PNG decodes to a real image."""
+    (found,) = [c for c in report.charts if c.name == name]
+    with Image.open(found.path) as image:
+        image.load()
+        assert image.format == "PNG"
+        assert image.width > 300 and image.height > 200
+    return found.data
+
+
+def causes(report: Report) -> list[str]:
+    return [c.cause for c in report.candidates]
+
+
+def test_one_slow_rank_is_scoped_to_that_rank(history: History, tmp_path: Path) -> None:
+    report = run(history, synthetic.STRAGGLER_RANK, tmp_path)
+    assert report.failure is Failure.STRAGGLER
+    assert report.scope.level is ScopeLevel.RANK
+    assert report.scope.ranks == [5]
+    assert report.scope.nodes == ["sr-b"]
+    top = report.candidates[0]
+    assert top.cause == "slow_gpu_or_process"
+    assert top.facts["slow_phase"] == "forward"
+    assert top.facts["ratio"] == pytest.approx(0.43 / 0.31, rel=0.03)
+    assert "gpu_thermal_throttling" not in causes(report)
+    # Charts: every rank in the heatmap, rank 5 slower than the others after the onset.
+    heat = chart(report, HEATMAP)
+    assert heat["ranks"] == list(range(8))
+    last = [row[-1] for row in heat["values"]]
+    assert last[5] == pytest.approx(0.43, rel=0.02)
+    assert all(v == pytest.approx(0.31, rel=0.02) for i, v in enumerate(last) if i != 5)
+    phases = chart(report, PHASES)
+    assert phases["worst_rank"] == 5
+    forward = phases["phases"].index("forward")
+    assert phases["worst"][forward] == pytest.approx(0.22, rel=0.05)
+    assert phases["median"][forward] == pytest.approx(0.1, rel=0.05)
+    backward = phases["phases"].index("backward")
+    assert phases["worst"][backward] == pytest.approx(phases["median"][backward], rel=0.05)
+
+
+def test_every_rank_of_one_node_slow_is_scoped_to_the_node(
+    history: History, tmp_path: Path
+) -> None:
+    report = run(history, synthetic.STRAGGLER_NODE, tmp_path)
+    assert report.failure is Failure.STRAGGLER
+    assert report.scope.level is ScopeLevel.NODE
+    assert report.scope.nodes == ["sn-b"]
+    assert report.scope.ranks == [4, 5, 6, 7]
+    top = report.candidates[0]
+    assert top.cause == "node_degraded"
+    assert top.facts["slow_phase"] == "backward"
+    assert any("Exclude node sn-b" in advice for advice in top.do_now)
+
+
+def test_thermal_throttling_on_one_node_is_the_top_cause(history: History, tmp_path: Path) -> None:
+    report = run(history, synthetic.THERMAL, tmp_path)
+    assert report.failure is Failure.STRAGGLER
+    assert (report.scope.level, report.scope.nodes) == (ScopeLevel.NODE, ["th-b"])
+    top = report.candidates[0]
+    assert top.cause == "gpu_thermal_throttling"
+    assert top.facts["node"] == "th-b"
+    assert top.facts["gpus"] == ["0", "1", "2", "3"]
+    assert top.facts["reasons"] == ["hw_thermal_slowdown"]
+    assert any("91 C" in line for line in top.evidence)
+    assert any("Exclude node th-b" in advice for advice in top.do_now)
+    assert any("cooling" in advice for advice in top.prevention)
+    # The healthy nodes' GPUs are not blamed.
+    assert "th-a" not in markdown(report).split("## 3.")[1].split("## 5.")[0]
+
+
+def test_oom_with_fragmentation_advises_expandable_segments(
+    history: History, tmp_path: Path
+) -> None:
+    log = tmp_path / "rank1.log"
+    log.write_text("step 4100 loss 2.31\n" + synthetic.OOM_LOG)
+    report = run(history, synthetic.OOM_FRAG, tmp_path, logs=[str(log)])
+    assert report.failure is Failure.OOM
+    assert (report.scope.level, report.scope.ranks) == (ScopeLevel.RANK, [1])
+    top = report.candidates[0]
+    assert top.cause == "memory_fragmentation"
+    assert top.confidence >= 0.85
+    assert top.facts["fragmentation_ratio"] == pytest.approx(0.49, abs=0.03)
+    assert top.facts["alloc_retries_before_oom"] > 0
+    assert any("expandable_segments:True" in advice for advice in top.do_now)
+    assert any(line.startswith("log: CUDA out of memory") for line in top.evidence)
+    assert "does_not_fit" not in causes(report)
+    memory = chart(report, MEMORY)
+    assert memory["rank"] == 1
+    assert set(memory["series"]) == {"allocated", "reserved", "capacity"}
+    (oom_time,) = memory["oom_times"]
+    assert oom_time == pytest.approx(history.now - 3600 + 200 * synthetic.INTERVAL, abs=20)
+    reserved_before = [v for t, v in memory["series"]["reserved"] if t < oom_time][-1]
+    assert reserved_before > 0.95 * 80 * synthetic.GIB
+
+
+def test_xid_79_drains_the_node_of_the_dead_rank(history: History, tmp_path: Path) -> None:
+    report = run(history, synthetic.XID, tmp_path)
+    assert report.failure is Failure.GPU_HARDWARE
+    assert report.scope.level is ScopeLevel.NODE
+    assert (report.scope.nodes, report.scope.gpus, report.scope.ranks) == (["xi-b"], ["2"], [6])
+    top = report.candidates[0]
+    assert top.cause == "xid_79"
+    assert top.facts["drain"] == "now"
+    assert any("Drain node xi-b now" in advice for advice in top.do_now)
+    # The hang that follows is reported too, as a consequence waiting for rank 6.
+    assert Failure.COLLECTIVE_STALL in [s.failure for s in report.symptoms]
+    stall = next(c for c in report.candidates if c.cause == "rank_never_joined")
+    assert stall.facts["suspect_ranks"] == [6]
+    assert stall.confidence < top.confidence
+    died = history.now - 3600 + 150 * synthetic.INTERVAL
+    assert any("rank 6 (GPU 2) stopped reporting" in line for line in top.evidence)
+    assert chart(report, COLLECTIVE_AGE)["suspect_ranks"] == [6]
+    assert report.symptoms[0].since == pytest.approx(died, abs=20)
+
+
+def test_hang_names_the_rank_and_collective_from_flight_recorder_dumps(
+    history: History, hang: HangRun, tmp_path: Path
+) -> None:
+    report = run(history, synthetic.HANG, tmp_path, dumps=hang.dumps, logs=[str(hang.logs)])
+    assert report.failure is Failure.COLLECTIVE_STALL
+    assert (report.scope.level, report.scope.ranks) == (ScopeLevel.RANK, [2])
+    top = report.candidates[0]
+    assert top.cause == "rank_never_joined"
+    assert top.confidence >= 0.85
+    assert top.facts["suspect_ranks"] == [2]
+    assert "all_reduce" in top.facts["collective"]
+    assert top.summary.startswith(
+        f"Rank 2 never joined collective #{top.facts['collective_seq_id']}"
+    )
+    analyzer = [e for e in top.evidence if e.startswith("torch's Flight Recorder analyzer")]
+    assert analyzer and "never joined by rank 2" in analyzer[0]
+    stack = next(e for e in top.evidence if e.startswith("main-thread stack of rank 2"))
+    assert "sleep" in stack
+    assert any(e.startswith("event collective_stalled") for e in top.evidence)
+    # The recommended timeout comes from the observed gradient-sync tail (p99.9 about 9 s).
+    assert top.facts["recommended_timeout_seconds"] == 90
+    assert any("timeout to 90 s" in advice for advice in top.prevention)
+    age = chart(report, COLLECTIVE_AGE)
+    assert set(age["ranks"]) == {"0", "1", "2"}
+    assert age["threshold_seconds"] == 60
+    assert max(v for _, v in age["ranks"]["0"] if v is not None) > 500
+    assert all(not v for _, v in age["ranks"]["2"])
+
+
+def test_history_held_only_by_the_recording_rules_is_read(history: History, tmp_path: Path) -> None:
+    report = run(history, synthetic.RECORDED, tmp_path)
+    assert report.failure is Failure.STRAGGLER
+    assert report.scope.ranks == [2]
+    assert report.candidates[0].facts["ratio"] == pytest.approx(1.5, rel=0.01)
+    assert "chart phase_breakdown: no data in the window" in report.notes
+
+
+def test_logs_alone_reveal_an_nccl_timeout_and_xids_of_the_job_s_nodes(
+    history: History, tmp_path: Path
+) -> None:
+    fixtures = Path(__file__).parents[1] / "triage" / "fixtures"
+    report = run(
+        history,
+        synthetic.HEALTHY,
+        tmp_path,
+        logs=[str(fixtures / "nccl_timeout"), str(fixtures / "kern.log")],
+    )
+    assert Failure.NCCL_TIMEOUT in [s.failure for s in report.symptoms]
+    stall = next(c for c in report.candidates if c.cause == "rank_never_joined")
+    # triage's parser: rank 3 enqueued fewer collectives than the ranks that timed out.
+    assert stall.facts["suspect_ranks"] == [3]
+    assert any(e.startswith("log: NCCL ALLREDUCE (SeqNum=4821) timed out") for e in stall.evidence)
+    # Xids logged by hosts that are not this job's nodes are set aside, with a note.
+    assert "xid_79" not in causes(report)
+    assert any("gpu-node-07" in note and note.startswith("ignored") for note in report.notes)
+
+
+def test_a_healthy_job_reports_nothing(history: History, tmp_path: Path) -> None:
+    report = run(history, synthetic.HEALTHY, tmp_path)
+    assert report.symptoms == [] and report.candidates == []
+    assert report.scope.level is ScopeLevel.UNKNOWN
+    assert "No failure found" in markdown(report)
+
+
+def test_the_command_writes_markdown_charts_and_json(
+    history: History, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report"
+    code = main(
+        [
+            "diagnose",
+            "--prometheus",
+            history.url,
+            "--job-id",
+            synthetic.THERMAL,
+            "--since",
+            "2h",
+            "--until",
+            str(history.now),
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
+    assert code == 1
+    assert "scope: node" in capsys.readouterr().out
+    text = (out / "report.md").read_text()
+    headings = [text.index(h) for h in ("## 1. Symptom", "## 2. Scope", "## 3. Root-cause",
+                                        "## 4. What to do", "## 5. Charts")]  # fmt: skip
+    assert headings == sorted(headings)
+    for name in (HEATMAP, PHASES, MEMORY):
+        assert f"(charts/{name}.png)" in text
+        assert (out / "charts" / f"{name}.png").is_file()
+    data = json.loads((out / "report.json").read_text())
+    assert data["failure"] == "straggler"
+    assert data["scope"]["level"] == "node"
+    assert data["candidates"][0]["cause"] == "gpu_thermal_throttling"
+    assert {c["name"] for c in data["charts"]} == {HEATMAP, PHASES, MEMORY}
+    assert data["charts"][0]["data"]["ranks"] == list(range(12))
+
+
+def test_an_unknown_job_is_a_clear_error(
+    history: History, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["diagnose", "--prometheus", history.url, "--job-id", "no-such-job", "--no-charts"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "no trainguard series for job_id='no-such-job'" in err

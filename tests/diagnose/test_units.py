@@ -1,0 +1,110 @@
+"""Parts of the diagnosis that need no Prometheus: queries, counters, errors, arguments."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+
+import httpx
+import pytest
+
+from tests.diagnose.synthetic import OOM_LOG
+from trainguard import contract
+from trainguard.cli import main
+from trainguard.diagnose.cli import duration, timestamp
+from trainguard.diagnose.evidence import read_logs
+from trainguard.diagnose.prometheus import PrometheusClient, PrometheusError, Series
+from trainguard.diagnose.signals import increments, promql_string, rule_query
+
+
+def test_a_raw_rule_is_queried_with_its_expression_as_fallback() -> None:
+    query = rule_query(contract.REC_RANK_COMPUTE_MEAN, 'job_id="j"')
+    recorded, raw = query.split("\nor\n")
+    assert recorded == f'{contract.REC_RANK_COMPUTE_MEAN}{{job_id="j"}}'
+    # Every raw selector of the rule's expression carries the job's matcher.
+    assert f'{contract.STEP_COMPUTE_DURATION.name}_sum{{job_id="j"}}[5m]' in raw
+    assert f'{contract.STEP_COMPUTE_DURATION.name}_count{{job_id="j"}}[5m]' in raw
+
+
+def test_a_rule_reading_other_rules_is_queried_by_name_only() -> None:
+    assert rule_query(contract.REC_JOB_STALL_THRESHOLD, 'job_id="j"') == (
+        f'{contract.REC_JOB_STALL_THRESHOLD}{{job_id="j"}}'
+    )
+
+
+def test_job_ids_are_escaped_in_promql() -> None:
+    assert promql_string('a"b\\c') == '"a\\"b\\\\c"'
+
+
+def test_counter_increments_survive_resets() -> None:
+    series = Series({}, [(0, 0), (1, 0), (2, 1), (3, 1), (4, 0), (5, 2), (6, float("nan"))])
+    assert increments(series) == [(2, 1), (5, 2)]
+
+
+def test_durations_and_times_parse() -> None:
+    assert duration("2h") == 7200 and duration("90s") == 90 and duration("1.5d") == 129600
+    with pytest.raises(argparse.ArgumentTypeError):
+        duration("2 hours")
+    assert timestamp("1700000000") == 1700000000
+    assert timestamp("2023-11-14T22:13:20Z") == 1700000000
+    assert timestamp("2023-11-14T22:13:20") == 1700000000
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_unreachable_prometheus_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    code = main(["diagnose", "--prometheus", url, "--job-id", "j", "--timeout", "2"])
+    assert code == 2
+    assert f"cannot reach Prometheus at {url}" in capsys.readouterr().err
+
+
+def test_an_error_answer_names_the_query() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            400, json={"status": "error", "errorType": "bad_data", "error": "parse error"}
+        )
+
+    client = PrometheusClient("http://prom:9090", transport=httpx.MockTransport(answer))
+    with pytest.raises(PrometheusError, match=re.escape("refused 'up{': parse error")):
+        client.query("up{", 0)
+
+
+def test_a_non_prometheus_answer_is_a_clear_error() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text="<html>login</html>")
+
+    client = PrometheusClient("http://prom:9090", transport=httpx.MockTransport(answer))
+    with pytest.raises(PrometheusError, match="not JSON"):
+        client.query_range("up", 0, 60, 15)
+
+
+def test_a_bad_url_is_refused() -> None:
+    with pytest.raises(PrometheusError, match="http:// or https://"):
+        PrometheusClient("prom:9090")
+
+
+def test_logs_give_events_of_this_job_and_triage_findings(tmp_path) -> None:
+    events = tmp_path / "rank0.ndjson"
+    events.write_text(
+        '{"@timestamp": "2026-01-01T00:00:00Z", "message": "oom on rank 1", '
+        '"event": {"action": "oom"}, "labels": {"job_id": "j", "rank": "1"}, '
+        '"trainguard": {"tried_bytes": 1}}\n'
+        '{"message": "other", "event.action": "oom", "labels.job_id": "k"}\n'
+        "not json {\n"
+        '{"event": 3}\n'
+    )
+    raw = tmp_path / "stderr.log"
+    raw.write_bytes(b"\x00\x01binary\n" + OOM_LOG.encode())
+    evidence = read_logs([str(tmp_path), str(tmp_path / "missing.log")], "j")
+    (event,) = evidence.events
+    assert (event.kind, event.rank, event.details) == ("oom", 1, {"tried_bytes": 1})
+    assert evidence.other_jobs_skipped == 1
+    assert [f.category.value for f in evidence.findings] == ["cuda_oom"]
+    assert evidence.findings[0].fields["verdict"] == "fragmentation"
+    assert evidence.unreadable and "missing.log" in evidence.unreadable[0]
