@@ -238,6 +238,7 @@ def run_demo(
             actions=actions,
             events=events,
         )
+        write_incident_report(cfg, result)
         write_summary(cfg, result)
         if inspect is not None:
             inspect(cfg, result)
@@ -268,6 +269,35 @@ def _wait_ready(cfg: DemoConfig, timeout_s: float = 60.0) -> None:
         raise RuntimeError(f"{', '.join(pending)} did not become ready; see {cfg.logs}")
 
 
+def write_incident_report(cfg: DemoConfig, result: DemoResult) -> Path | None:
+    """``trainguard diagnose`` over the run: Markdown + JSON + PNG charts in ``incident/``."""
+    from trainguard.diagnose import NoDataError, PrometheusError, diagnose
+    from trainguard.diagnose.render import as_json, markdown
+
+    out = cfg.workdir / "incident"
+    started = min((e["t"] for e in result.events), default=time.time() - 600)
+    try:
+        report = diagnose(
+            cfg.url("prometheus"),
+            DEMO_JOB_ID,
+            since_seconds=time.time() - started + 30,
+            dumps=cfg.dumps,
+            logs=[str(p) for p in sorted((cfg.logs / "training").glob("*.ndjson"))],
+            charts_dir=out / "charts",
+            # The demo's faults last seconds, not the minutes a real job's alerts wait for.
+            sustain_seconds=10.0,
+            min_step_seconds=2.0,  # the demo's scrape interval
+        )
+    except (PrometheusError, NoDataError) as error:
+        print(f"no incident report: {error}", flush=True)
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(as_json(report))
+    path = out / "report.md"
+    path.write_text(markdown(report, relative_to=out))
+    return path
+
+
 def write_summary(cfg: DemoConfig, result: DemoResult) -> Path:
     """The drill report (JSON) and the incident summary (Markdown) in the work folder."""
     (cfg.workdir / "drill-report.json").write_text(json.dumps(result.drill_report(), indent=2))
@@ -286,7 +316,13 @@ def write_summary(cfg: DemoConfig, result: DemoResult) -> Path:
             f"| {name} | {_fmt(outcome.detection_s)} | {action} | {_fmt(outcome.action_s)} | "
             f"{_fmt(outcome.recovered_s)} |"
         )
-    lines += ["", "Actions taken by the remediation service:", ""]
+    lines += [
+        "",
+        "The incident report (`trainguard diagnose`, with charts): `incident/report.md`.",
+        "",
+        "Actions taken by the remediation service:",
+        "",
+    ]
     for action in sorted(result.actions, key=lambda a: a["id"]):
         lines.append(
             f"- {action['created_at']} {action['action']} for {action['alert']['name']} "
@@ -320,3 +356,4 @@ def print_where(cfg: DemoConfig, result: DemoResult) -> None:
     print(f"Flight Recorder:   {cfg.dumps}", flush=True)
     print(f"spans (JSON):      {cfg.spans_dir}", flush=True)
     print(f"drill report:      {cfg.workdir / 'drill-report.json'}", flush=True)
+    print(f"incident report:   {cfg.workdir / 'incident' / 'report.md'}", flush=True)

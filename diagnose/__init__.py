@@ -41,8 +41,14 @@ def diagnose(
     logs: Sequence[str] = (),
     charts_dir: Path | None = None,
     timeout: float = 30.0,
+    sustain_seconds: float = 300.0,
+    min_step_seconds: float = 15.0,
 ) -> Report:
     """Diagnose ``job_id`` over ``[until - since_seconds, until]`` (``until`` defaults to now).
+
+    A condition (a straggler, throttling, a data-bound rank) counts once it has held for
+    ``sustain_seconds`` (default: the alerts' own scale; the demo uses seconds).
+    ``min_step_seconds`` is the finest query step: the scrape interval.
 
     Raises PrometheusError when Prometheus cannot be queried and NoDataError when it holds
     nothing about the job in the window.
@@ -54,7 +60,8 @@ def diagnose(
     end = time.time() if until is None else until
     start = end - since_seconds
     with PrometheusClient(prometheus_url, timeout=timeout) as client:
-        sig = collect(client, job_id, start, end)
+        sig = collect(client, job_id, start, end, min_step=min_step_seconds)
+    sig.sustain_seconds = sustain_seconds
     report = Report(job_id, start, end, time.time(), prometheus_url)
     report.inputs.append(
         f"Prometheus: {len(sig.ranks)} ranks on {len(sig.nodes)} node(s), query step {sig.step:g} s"

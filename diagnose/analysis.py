@@ -30,8 +30,6 @@ from trainguard.diagnose.signals import (
 from trainguard.triage import Category, Finding
 from trainguard.triage.xid import lookup as xid_lookup
 
-# A condition counts once it holds for this long (the alerts' own "for" is 5-10 minutes).
-SUSTAIN_SECONDS = 300.0
 DATA_WAIT_RATIO = 0.3
 JOB_SLOWDOWN_FACTOR = 1.3
 FRAGMENTATION_RATIO = 0.25
@@ -97,7 +95,7 @@ class _Straggler:
 
 
 def _min_points(sig: Signals) -> int:
-    return max(3, math.ceil(SUSTAIN_SECONDS / sig.step))
+    return max(3, math.ceil(sig.sustain_seconds / sig.step))
 
 
 def job_median(per_rank: dict[int, Series]) -> dict[float, float]:

@@ -46,6 +46,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--since", type=duration, default=duration("2h"), help="window length (default 2h)"
     )
     parser.add_argument(
+        "--sustain",
+        type=duration,
+        default=300.0,
+        help="a condition counts once it has held this long (default 5m)",
+    )
+    parser.add_argument(
         "--until", type=timestamp, default=None, help="window end (unix or ISO time; default now)"
     )
     parser.add_argument(
@@ -78,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             logs=args.logs,
             charts_dir=None if args.no_charts else out / "charts",
             timeout=args.timeout,
+            sustain_seconds=args.sustain,
         )
     except (PrometheusError, NoDataError) as exc:
         print(f"trainguard diagnose: {exc}", file=sys.stderr)

@@ -88,6 +88,8 @@ class Signals:
     start: float
     end: float
     step: float
+    # A condition counts once it has held this long (the alerts' own "for" is 5-10 minutes).
+    sustain_seconds: float = 300.0
     ranks: list[RankId] = field(default_factory=list)
     compute: dict[int, Series] = field(default_factory=dict)
     step_time: dict[int, Series] = field(default_factory=dict)
@@ -162,15 +164,19 @@ def _identities(groups: list[list[Series]]) -> list[RankId]:
     return sorted(seen.values())
 
 
-def grid_step(start: float, end: float, points: int = 360) -> float:
-    """A query step that gives about ``points`` points, never under 15 s (a scrape interval)."""
-    return max(15.0, round((end - start) / points))
+def grid_step(start: float, end: float, points: int = 360, minimum: float = 15.0) -> float:
+    """A query step that gives about ``points`` points, never under ``minimum`` (a scrape
+    interval)."""
+    return max(minimum, round((end - start) / points))
 
 
-def collect(client: PrometheusClient, job_id: str, start: float, end: float) -> Signals:
-    """Query everything about ``job_id`` in [start, end]; NoDataError when there is nothing."""
+def collect(
+    client: PrometheusClient, job_id: str, start: float, end: float, min_step: float = 15.0
+) -> Signals:
+    """Query everything about ``job_id`` in [start, end]; NoDataError when there is nothing.
+    ``min_step`` is the finest query step (the scrape interval)."""
     c = contract
-    step = grid_step(start, end)
+    step = grid_step(start, end, minimum=min_step)
     job = f"{c.LABEL_JOB_ID}={promql_string(job_id)}"
 
     def rng(query: str) -> list[Series]:
