@@ -12,6 +12,7 @@ import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from trainguard import contract
 
@@ -19,6 +20,12 @@ DEFAULT_METRICS_PORT = 9400
 DEFAULT_STALL_FLOOR_SECONDS = 30.0
 DEFAULT_STALL_FACTOR = 10.0
 DEFAULT_WATCHDOG_INTERVAL_SECONDS = 1.0
+
+
+class EventIdentity(TypedDict):
+    job_id: str
+    rank: int
+    node: str
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,10 @@ class Identity:
     local_rank: int
     world_size: int
     node: str
+
+    def event_fields(self) -> EventIdentity:
+        """The identity fields every event of this rank carries (see trainguard.events)."""
+        return {"job_id": self.job_id, "rank": self.rank, "node": self.node}
 
     def labels(self) -> dict[str, str]:
         return {

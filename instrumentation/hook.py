@@ -227,9 +227,7 @@ class Instrumentation:
             "trainguard instrumentation removed",
             contract.EventKind.UNINSTRUMENTED,
             level=logging.INFO,
-            job_id=self.identity.job_id,
-            rank=self.identity.rank,
-            node=self.identity.node,
+            **self.identity.event_fields(),
             outcome=contract.EventOutcome.SUCCESS,
         )
 
@@ -391,9 +389,7 @@ class Instrumentation:
             f"{self.identity.rank}/{self.identity.world_size}, /metrics port {self.metrics_port})",
             contract.EventKind.INSTRUMENTED,
             level=logging.INFO,
-            job_id=self.identity.job_id,
-            rank=self.identity.rank,
-            node=self.identity.node,
+            **self.identity.event_fields(),
             outcome=contract.EventOutcome.SUCCESS,
             details={"per_bucket": cfg.per_bucket, "tracing": self._tracer_provider is not None},
         )
@@ -532,9 +528,7 @@ class Instrumentation:
             f"directive {directive.kind} #{directive.id} received",
             contract.EventKind.DIRECTIVE,
             level=logging.INFO,
-            job_id=self.identity.job_id,
-            rank=self.identity.rank,
-            node=self.identity.node,
+            **self.identity.event_fields(),
             step=self.clock.step,
             details={"directive": directive.kind, "params": dict(directive.params)},
         )

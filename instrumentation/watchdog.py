@@ -157,9 +157,7 @@ class CollectiveWatchdog:
             f"{pending.oldest_age_seconds:.1f}s (threshold {self.stall_threshold():.1f}s); "
             f"Flight Recorder dumps in {folder}",
             contract.EventKind.COLLECTIVE_STALLED,
-            job_id=self._identity.job_id,
-            rank=self._identity.rank,
-            node=self._identity.node,
+            **self._identity.event_fields(),
             step=self._clock.step,
             outcome=contract.EventOutcome.FAILURE,
             details={

@@ -380,9 +380,7 @@ def log_oom(
     log_event(
         f"rank {identity.rank} ran out of memory in {where} at step {step}",
         contract.EventKind.OOM,
-        job_id=identity.job_id,
-        rank=identity.rank,
-        node=identity.node,
+        **identity.event_fields(),
         step=step,
         trace_id=tracing.format_trace_id(tracing.trace_id_for(identity.job_id, step)),
         outcome=contract.EventOutcome.FAILURE,
