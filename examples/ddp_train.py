@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import trainguard
+from trainguard import contract
 
 
 def main() -> None:
@@ -56,16 +57,16 @@ def main() -> None:
     labels = handle.identity.labels()
     registry = handle.registry
 
-    def mean(name: str) -> float:
-        total = registry.get_sample_value(f"{name}_sum", labels) or 0.0
-        count = registry.get_sample_value(f"{name}_count", labels) or 1.0
+    def mean(spec: contract.MetricSpec) -> float:
+        total = registry.get_sample_value(f"{spec.name}_sum", labels) or 0.0
+        count = registry.get_sample_value(f"{spec.name}_count", labels) or 1.0
         return 1000 * total / count
 
     print(
         f"rank {rank}: /metrics on port {handle.metrics_port}; "
-        f"step {mean('trainguard_step_duration_seconds'):.1f} ms, "
-        f"compute {mean('trainguard_step_compute_duration_seconds'):.1f} ms, "
-        f"waiting on peers {mean('trainguard_sync_wait_duration_seconds'):.1f} ms",
+        f"step {mean(contract.STEP_DURATION):.1f} ms, "
+        f"compute {mean(contract.STEP_COMPUTE_DURATION):.1f} ms, "
+        f"waiting on peers {mean(contract.SYNC_WAIT_DURATION):.1f} ms",
         flush=True,
     )
     handle.uninstrument()
