@@ -18,6 +18,8 @@ class BucketTiming:
     start_ns: int  # perf_counter_ns on CPU; 0 when timed with CUDA events
     end_ns: int
     cuda_events: tuple[object, object] | None = None  # (start, end) torch.cuda.Event
+    # The CUDA-event duration, read once by the worker (reading it synchronises the event).
+    cuda_seconds: float | None = None
 
 
 @dataclass(slots=True)

@@ -207,6 +207,8 @@ class StepWorker:
     def _observe_buckets(self, record: StepRecord, exemplar: dict[str, str]) -> None:
         for bucket in record.buckets:
             seconds = self._bucket_seconds(bucket)
+            if bucket.cuda_events is not None:
+                bucket.cuda_seconds = seconds
             if seconds is not None:
                 self._metrics.grad_sync_duration.observe(seconds, exemplar)
             self._metrics.grad_sync_bytes.inc(bucket.nbytes)
@@ -313,12 +315,11 @@ class StepWorker:
         if sync_span is not None and record.buckets:
             sync_ctx = trace.set_span_in_context(sync_span)
             for bucket in record.buckets:
-                seconds = self._bucket_seconds(bucket)
                 if bucket.cuda_events is None:
                     b_start, b_end = self._epoch(bucket.start_ns), self._epoch(bucket.end_ns)
                 else:
                     b_end = self._epoch(record.optimizer_start_ns)
-                    b_start = b_end - int((seconds or 0.0) * 1e9)
+                    b_start = b_end - int((bucket.cuda_seconds or 0.0) * 1e9)
                 span = self._tracer.start_span(
                     contract.SPAN_GRAD_SYNC_BUCKET,
                     context=sync_ctx,
