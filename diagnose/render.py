@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,9 @@ def _plain(value: Any) -> Any:
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    if isinstance(value, float) and value != value:
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON has no NaN or infinity; Prometheus answers both (an empty ratio, a quantile
+        # above the highest bucket), and a reader takes null as "no value".
         return None
     return value
 

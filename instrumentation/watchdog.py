@@ -163,7 +163,7 @@ class CollectiveWatchdog:
             details={
                 "collective_seq_id": pending.oldest_seq,
                 "collective": pending.oldest_name,
-                "age_seconds": round(pending.oldest_age_seconds, 3),
+                "age_seconds": pending.oldest_age_seconds,
                 "inflight": pending.count,
                 "dump_dir": str(folder),
             },

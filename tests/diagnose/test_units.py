@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import re
 import socket
 
@@ -14,7 +16,9 @@ from trainguard import contract
 from trainguard.cli import main
 from trainguard.diagnose.cli import duration, timestamp
 from trainguard.diagnose.evidence import read_logs
+from trainguard.diagnose.model import Chart, Report
 from trainguard.diagnose.prometheus import PrometheusClient, PrometheusError, Series
+from trainguard.diagnose.render import as_json
 from trainguard.diagnose.signals import increments, promql_string, rule_query
 
 
@@ -108,3 +112,10 @@ def test_logs_give_events_of_this_job_and_triage_findings(tmp_path) -> None:
     assert [f.category.value for f in evidence.findings] == ["cuda_oom"]
     assert evidence.findings[0].fields["verdict"] == "fragmentation"
     assert evidence.unreadable and "missing.log" in evidence.unreadable[0]
+
+
+def test_the_json_report_writes_non_finite_values_as_null() -> None:
+    chart = Chart("step", "Step time", "step.png", {"p99": [[0.0, math.inf], [1.0, math.nan]]})
+    report = Report("job", 0.0, 1.0, 1.0, "http://prometheus:9090", charts=[chart])
+    (data,) = json.loads(as_json(report))["charts"]
+    assert data["data"]["p99"] == [[0.0, None], [1.0, None]]
