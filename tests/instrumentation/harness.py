@@ -8,6 +8,7 @@ returns them in rank order.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import json
 import os
 import socket
@@ -38,6 +39,9 @@ def _entry(
     import torch
     import torch.distributed as dist
 
+    # A rank killed by a signal (an abort inside torch's C++ at teardown, say) then prints
+    # every thread's Python stack into the test's captured output.
+    faulthandler.enable(all_threads=True)
     os.environ.update(env)
     os.environ.update(
         {
