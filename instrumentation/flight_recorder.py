@@ -12,6 +12,7 @@ never joined.
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import sys
 import threading
@@ -24,6 +25,8 @@ from typing import Any
 # Dumps are named <prefix><rank>, the layout torch's analyzer expects.
 DUMP_PREFIX = "fr_rank"
 STACKS_PREFIX = "stacks_rank"
+# The logger torch's analyzer (torch.distributed.flight_recorder) writes its findings to.
+ANALYZER_LOGGER = "Flight Recorder"
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,17 +148,28 @@ class CollectiveMismatch:
 
 
 def analyze(dump_dir: Path, allow_incomplete: bool = False) -> list[CollectiveMismatch]:
-    """Run torch's Flight Recorder analyzer over every rank's dump in ``dump_dir``."""
-    from torch.distributed.flight_recorder.components.builder import build_db
-    from torch.distributed.flight_recorder.components.config_manager import JobConfig
-    from torch.distributed.flight_recorder.components.loader import read_dir
+    """Run torch's Flight Recorder analyzer over every rank's dump in ``dump_dir``.
 
-    argv = [str(dump_dir), "--prefix", DUMP_PREFIX]
-    if allow_incomplete:
-        argv.append("--allow-incomplete-ranks")
-    args = JobConfig().parse_args(argv)
-    details, version = read_dir(args)
-    database = build_db(details, args, version)
+    The analyzer reports through its own logger, which writes to stderr; its findings come back
+    here as :class:`CollectiveMismatch` values, so that logger is muted while it runs (a
+    diagnosis or the demo's terminal view would otherwise print every mismatch twice).
+    """
+    analyzer_log = logging.getLogger(ANALYZER_LOGGER)
+    muted = analyzer_log.disabled
+    analyzer_log.disabled = True
+    try:
+        from torch.distributed.flight_recorder.components.builder import build_db
+        from torch.distributed.flight_recorder.components.config_manager import JobConfig
+        from torch.distributed.flight_recorder.components.loader import read_dir
+
+        argv = [str(dump_dir), "--prefix", DUMP_PREFIX]
+        if allow_incomplete:
+            argv.append("--allow-incomplete-ranks")
+        args = JobConfig().parse_args(argv)
+        details, version = read_dir(args)
+        database = build_db(details, args, version)
+    finally:
+        analyzer_log.disabled = muted
     return [
         CollectiveMismatch(
             collective_seq_id=int(c.collective_seq_id),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import statistics
 from collections import Counter
@@ -115,7 +116,9 @@ def test_straggler_is_found_by_compute_time_not_step_time(tmp_path: Path, guarde
     assert waits[slow] < min(w for i, w in enumerate(waits) if i != slow)
 
 
-def test_a_sleeping_rank_is_caught_as_a_stall_and_named_by_the_dumps(tmp_path: Path) -> None:
+def test_a_sleeping_rank_is_caught_as_a_stall_and_named_by_the_dumps(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     sleeper = 2
     results = run_ranks(scenarios.hang, 3, tmp_path, sleeper=sleeper, sleep_s=5.0)
     for rank, result in enumerate(results):
@@ -136,9 +139,12 @@ def test_a_sleeping_rank_is_caught_as_a_stall_and_named_by_the_dumps(tmp_path: P
     ]
     stacks = (folder / f"{flight_recorder.STACKS_PREFIX}{sleeper}.txt").read_text()
     assert "time.sleep" in stacks or "sleep(" in stacks
+    capfd.readouterr()
     mismatches = flight_recorder.analyze(folder)
     assert mismatches, "torch's analyzer finds the collective a rank never joined"
     assert {sleeper} == set().union(*(m.missing_ranks for m in mismatches))
+    assert "missing ranks" not in capfd.readouterr().err, "its findings come back as values only"
+    assert not logging.getLogger(flight_recorder.ANALYZER_LOGGER).disabled
 
 
 def test_oom_recovery_splits_the_step_and_keeps_the_gradients(tmp_path: Path) -> None:
