@@ -53,5 +53,6 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("stopped; every process the demo started has been stopped", file=sys.stderr)
         return 130
-    print_where(cfg, result)
+    if not args.keep_running:  # with it, run_demo printed this before waiting for Ctrl-C
+        print_where(cfg, result)
     return 0 if result.finished else 1

@@ -21,7 +21,7 @@ import httpx
 from trainguard import contract
 from trainguard.demo.config import DEMO_JOB_ID, NODES, DemoConfig
 from trainguard.demo.faults import FaultKind, FaultLedger
-from trainguard.demo.stack import Stack, ensure_binaries
+from trainguard.demo.stack import SIMULATED_GPUS, Stack, ensure_binaries
 
 # What each fault should set off: the alert, then the action that repairs it.
 EXPECTED: dict[FaultKind, tuple[contract.Alert, str]] = {
@@ -213,6 +213,7 @@ def run_demo(
     with Stack(cfg) as stack:
         stack.start_services()
         _wait_ready(cfg)
+        print_urls(cfg, stack.gpus)
         stack.start_training()
         view = LiveView(cfg)
         deadline = time.monotonic() + timeout_s
@@ -243,6 +244,8 @@ def run_demo(
         if inspect is not None:
             inspect(cfg, result)
         if keep_running:
+            print_where(cfg, result)
+            print_urls(cfg, stack.gpus)
             print("the stack stays up; Ctrl-C stops it", flush=True)
             signal.pause()
     return result
@@ -335,6 +338,20 @@ def write_summary(cfg: DemoConfig, result: DemoResult) -> Path:
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def print_urls(cfg: DemoConfig, gpus: int) -> None:
+    """Where each running service answers (the stack is up while these are printed)."""
+    provider = f"{gpus} GPUs through NVML" if gpus else f"{SIMULATED_GPUS} simulated GPUs"
+    lines = {
+        "Prometheus": f"{cfg.url('prometheus')} (alerts: /alerts, exemplars: /graph)",
+        "Alertmanager": cfg.url("alertmanager"),
+        "remediation": f"{cfg.url('remediation')}/v1/actions (audit trail; API docs: /docs)",
+        "exporter": f"{cfg.url('exporter')}/metrics ({provider})",
+        "ranks' /metrics": f"from port {cfg.ports.metrics} (targets listed in {cfg.file_sd})",
+    }
+    for name, where in lines.items():
+        print(f"{name + ':':<18} {where}", flush=True)
 
 
 def print_where(cfg: DemoConfig, result: DemoResult) -> None:

@@ -194,6 +194,23 @@ def ensure_binaries() -> None:
         )
 
 
+SIMULATED_GPUS = 2
+
+
+def local_gpu_count() -> int:
+    """The GPUs NVML sees on this machine; 0 without a driver or without nvidia-ml-py."""
+    try:
+        from trainguard.exporters.nvml import gpu_count
+    except ImportError:
+        return 0
+    return gpu_count()
+
+
+def exporter_gpu_args(gpus: int) -> list[str]:
+    """Real GPUs through NVML when there are any; simulated ones (marked so) otherwise."""
+    return [] if gpus > 0 else ["--simulate-gpus", str(SIMULATED_GPUS)]
+
+
 class Stack:
     """Starts and stops the demo's processes; a context manager that always cleans up."""
 
@@ -201,6 +218,7 @@ class Stack:
         self.cfg = cfg
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.paths: dict[str, Path] = {}
+        self.gpus = 0  # GPUs found through NVML, set when the services start
 
     def __enter__(self) -> Stack:
         return self
@@ -224,6 +242,7 @@ class Stack:
     def start_services(self) -> None:
         cfg = self.cfg
         self.paths = write_configs(cfg)
+        self.gpus = local_gpu_count()
         trainguard = [sys.executable, "-m", "trainguard"]
         self._start(
             "remediation",
@@ -246,7 +265,7 @@ class Stack:
             [
                 *trainguard, "exporter",
                 "--web.listen-address", f"127.0.0.1:{cfg.ports.exporter}",
-                "--simulate-gpus", "2", "--node", NODES[0],
+                *exporter_gpu_args(self.gpus), "--node", NODES[0],
             ],
         )  # fmt: skip
         self._start(

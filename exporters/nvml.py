@@ -105,6 +105,20 @@ def _memory_temperature(handle: Any) -> float | None:
     return float(value.value.uiVal)
 
 
+def gpu_count() -> int:
+    """How many GPUs the driver reports; 0 without a driver or GPU (never raises for that)."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    except pynvml.NVMLError:
+        return 0
+    finally:
+        pynvml.nvmlShutdown()
+
+
 class NvmlProvider:
     """GPU readings from the NVIDIA driver through NVML."""
 

@@ -18,7 +18,7 @@ from trainguard.demo.faults import (
     FaultPlanError,
     parse_plan,
 )
-from trainguard.demo.stack import write_configs
+from trainguard.demo.stack import SIMULATED_GPUS, exporter_gpu_args, write_configs
 from trainguard.remediation.policy import load_policy
 
 
@@ -88,3 +88,8 @@ def test_rendered_configs_pass_their_own_checkers(tmp_path: Path) -> None:
         for rule in policy.rules
     ), "the demo's policy acts on the demo's own job only"
     assert cfg.token_file.stat().st_mode & 0o077 == 0, "the token file is private"
+
+
+def test_the_exporter_simulates_gpus_only_where_nvml_sees_none() -> None:
+    assert exporter_gpu_args(0) == ["--simulate-gpus", str(SIMULATED_GPUS)]
+    assert exporter_gpu_args(8) == []

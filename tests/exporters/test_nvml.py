@@ -12,7 +12,7 @@ import pytest
 from tests.exporters.conftest import one, rank_env, values
 from tests.exporters.test_exporter_process import exporter, nvml_loadable
 from trainguard import contract
-from trainguard.exporters.nvml import NvmlProvider
+from trainguard.exporters.nvml import NvmlProvider, gpu_count
 from trainguard.exporters.provider import GpuSample, ProviderUnavailableError
 
 HAS_NVML = nvml_loadable()
@@ -28,6 +28,7 @@ def test_without_a_driver_sampling_says_unavailable() -> None:
         provider.sample()
     assert provider.xid_counts() == []
     provider.close()
+    assert gpu_count() == 0, "no driver: no GPUs, and no exception"
 
 
 @pytest.mark.gpu
@@ -50,6 +51,7 @@ def test_real_gpus_give_sane_readings() -> None:
             if result.energy_joules is not None:
                 assert result.energy_joules > 0
         assert provider.identities()
+        assert gpu_count() == len(results)
         time.sleep(1.5)  # the Xid thread waits in 1 s slices; it must still be alive
         assert provider._xid_thread is not None and provider._xid_thread.is_alive()
     finally:
