@@ -4,8 +4,9 @@ Runs the exporter in a child process with 8, then 16, fake GPUs (the fake provid
 instantly, so this measures trainguard's own cost: collectors, exposition, HTTP) and every
 collector on, while its NCCL collector follows a generated NCCL debug log (1 GB by default)
 from the start. The parent scrapes over HTTP on 127.0.0.1 every 10 ms (Prometheus scrapes every
-15 s; this is a stress rate), first while the log is being read, then once it has been read,
-and reads the RSS of the exporter and of its children (log follower, resource tracker).
+15 s; this is a stress rate) with a Prometheus scrape's headers (OpenMetrics asked for first,
+gzip), first while the log is being read, then once it has been read, and reads the RSS of the
+exporter and of its children (log follower, resource tracker).
 ``cpu_ms_per_scrape`` is the exporter's CPU time per scrape once the log is read: the cost of a
 scrape, whatever else competes for the CPU. Following speed is the log size over the time until
 ``trainguard_nccl_log_bytes_total`` reached it (and over the follower process's CPU time, which
@@ -20,6 +21,7 @@ The last line is ``scrape_p99_ms_16gpu=<float>``.
 from __future__ import annotations
 
 import argparse
+import gzip
 import random
 import re
 import statistics
@@ -31,6 +33,8 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+
+from trainguard.exporters.serving import PROMETHEUS_SCRAPE_ACCEPT
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "exporters" / "fixtures"
@@ -65,7 +69,7 @@ def make_log(path: Path, megabytes: int) -> int:
 
 def serve(gpus: int, log_glob: str) -> None:
     """The child: an exporter on the fake provider, until stdin closes."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry, ProcessCollector
 
     from trainguard.exporters.fake import FakeProvider
     from trainguard.exporters.procs import HostFacts, ProcessScan, TrainingProcess
@@ -75,6 +79,7 @@ def serve(gpus: int, log_glob: str) -> None:
         ScrapeSupervisor,
         registered,
     )
+    from trainguard.exporters.serving import serve_metrics
 
     class Ranks:
         def scan(self) -> ProcessScan:
@@ -92,7 +97,8 @@ def serve(gpus: int, log_glob: str) -> None:
     collectors = {name: spec.factory(context) for name, spec in registered().items()}
     registry = CollectorRegistry()
     registry.register(ScrapeSupervisor(collectors, provider.kind))
-    server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+    ProcessCollector(registry=registry)  # as the exporter registers it
+    server, _ = serve_metrics(registry, "127.0.0.1", 0)
     print(server.server_address[1], flush=True)
     sys.stdin.read()
 
@@ -126,6 +132,10 @@ def measure(
     )
     assert child.stdout is not None and child.stdin is not None
     url = f"http://127.0.0.1:{child.stdout.readline().strip()}/metrics"
+    # What Prometheus sends: it asks for OpenMetrics first, and for gzip.
+    request = urllib.request.Request(
+        url, headers={"Accept": PROMETHEUS_SCRAPE_ACCEPT, "Accept-Encoding": "gzip"}
+    )
     proc = psutil.Process(child.pid)
     following: list[float] = []
     steady: list[float] = []
@@ -136,8 +146,8 @@ def measure(
     try:
         while len(steady) < steady_scrapes:
             t0 = time.perf_counter()
-            with urllib.request.urlopen(url, timeout=30) as response:
-                body = response.read()
+            with urllib.request.urlopen(request, timeout=30) as response:
+                body = gzip.decompress(response.read())
             elapsed = time.perf_counter() - t0
             match = BYTES_READ.search(body)
             read = float(match.group(1)) if match else 0.0

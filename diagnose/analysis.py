@@ -521,9 +521,12 @@ class Diagnosis:
                     )
         if laggard is not None:
             counts = {r: s.last() or 0.0 for r, s in self.sig.launched.items()}
+            own, most = counts.get(laggard, 0.0), max(counts.values())
             evidence.append(
-                f"rank {laggard} launched the fewest collectives "
-                f"({counts.get(laggard, 0):.0f} vs up to {max(counts.values()):.0f})"
+                f"rank {laggard} launched the fewest collectives ({own:.0f} vs up to {most:.0f})"
+                if own < most
+                else f"rank {laggard} had no collective in flight while others waited in one "
+                f"(it launched {own:.0f}, as many as any rank)"
             )
         for event in self.logs.events:
             if event.kind in ("collective_stalled", "collective_timeout"):

@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+    from prometheus_client import CollectorRegistry, ProcessCollector
 
     from trainguard.exporters.procs import ProcfsSource, SysfsHost
     from trainguard.exporters.provider import GpuProvider
@@ -149,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         ScrapeSupervisor,
         registered,
     )
+    from trainguard.exporters.serving import serve_metrics
 
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     registry.register(supervisor)
     ProcessCollector(registry=registry)  # the exporter's own CPU and memory
     try:
-        server, _ = start_http_server(port, addr=host, registry=registry)
+        server, _ = serve_metrics(registry, host, port)
     except OSError as error:
         print(
             f"trainguard-exporter: cannot listen on {args.listen_address}: {error}", file=sys.stderr
@@ -192,8 +193,9 @@ def run(args: argparse.Namespace) -> int:
         provider.close()
         return 1
     bound = server.server_address[1]
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     print(
-        f"trainguard-exporter listening on http://{host}:{bound}/metrics "
+        f"trainguard-exporter listening on http://{shown}:{bound}/metrics "
         f"(provider {provider.kind}; collectors {', '.join(names) or 'none'})",
         file=sys.stderr,
         flush=True,

@@ -188,6 +188,19 @@ def test_the_drill(tmp_path: Path) -> None:
     incident = json.loads((cfg.workdir / "incident" / "report.json").read_text())
     failures = {symptom["failure"] for symptom in incident["symptoms"]}
     assert {"straggler", "collective_stall", "oom"} <= failures, incident["symptoms"]
+    # Each symptom is pinned on the rank (and node) the plan injected it into ...
+    symptoms = {symptom["failure"]: symptom for symptom in incident["symptoms"]}
+    assert (symptoms["straggler"]["ranks"], symptoms["straggler"]["nodes"]) == ([2], ["node-b"])
+    assert symptoms["collective_stall"]["ranks"] == [1]
+    assert symptoms["oom"]["ranks"] == [0]
+    # ... and the causes name it too, each with something to do now and next time.
+    causes = {candidate["cause"]: candidate for candidate in incident["candidates"]}
+    assert causes["rank_never_joined"]["facts"]["suspect_ranks"] == [1]
+    assert causes["rank_never_joined"]["facts"]["recommended_timeout_seconds"] >= 60
+    assert causes["slow_gpu_or_process"]["summary"].startswith("Rank 2 "), causes
+    oom_causes = [c for c in incident["candidates"] if "oom_time" in c["facts"]]
+    assert oom_causes and all(c["facts"]["rank"] == 0 for c in oom_causes), causes
+    assert all(c["do_now"] and c["prevention"] for c in incident["candidates"]), causes
     charts = incident["charts"]
     assert len(charts) >= 3
     for chart in charts:

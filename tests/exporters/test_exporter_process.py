@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.exporters.conftest import Samples, one, rank_env, values
 from trainguard import contract
+from trainguard.exporters.serving import PROMETHEUS_SCRAPE_ACCEPT
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -112,6 +114,29 @@ def test_simulated_exporter_serves_every_collector(
         assert one(samples, "trainguard_nccl_info", transport="NET/IB,P2P") == 1.0
         running.proc.send_signal(signal.SIGTERM)
         assert running.proc.wait(timeout=15) == 0
+
+
+def test_a_prometheus_scrape_gets_the_text_format_gzipped() -> None:
+    with exporter("--simulate-gpus", "1") as running:
+        request = urllib.request.Request(
+            running.url,
+            headers={"Accept": PROMETHEUS_SCRAPE_ACCEPT, "Accept-Encoding": "gzip"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            content_type = response.headers["Content-Type"]
+            encoding = response.headers["Content-Encoding"]
+            body = gzip.decompress(response.read()).decode()
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    assert encoding == "gzip"
+    assert "# EOF" not in body, "not OpenMetrics"
+    names = {f.name for f in text_string_to_metric_families(body)}
+    assert contract.GPU_TEMPERATURE.name in names
+
+
+def test_an_ipv6_listen_address_is_served_and_shown_as_a_url() -> None:
+    with exporter("--web.listen-address", "[::1]:0", "--simulate-gpus", "1") as running:
+        assert running.url.startswith("http://[::1]:")
+        assert one(running.scrape(), contract.NVML_UP.name) == 1.0
 
 
 def test_without_a_driver_the_exporter_keeps_serving(tmp_path: Path) -> None:
