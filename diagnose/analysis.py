@@ -933,7 +933,11 @@ class Diagnosis:
                         "other processes on it) and the CPU pinning of rank "
                         f"{worst.rank}; exclude the node if it persists.",
                     ],
-                    ["The TrainingStraggler alert names the rank and phase after 10 min."],
+                    [
+                        "Keep trainguard's TrainingStraggler alert on: it names the rank and its "
+                        "slow phase once the ratio holds for `straggler_for` "
+                        "(alerts/thresholds.yml)."
+                    ],
                     facts,
                 )
             )
