@@ -66,7 +66,8 @@ SELECT
     (SELECT MAX(created_at) FROM actions
      WHERE subject = ? AND action = ? AND {COUNTED_FILTER}) AS last,
     (SELECT COUNT(*) FROM actions INDEXED BY actions_counted
-     WHERE subject = ? AND created_at > ? AND {COUNTED_FILTER}) AS used
+     WHERE subject = ? AND {COUNTED_FILTER} AND created_at > MAX(
+        ?, COALESCE((SELECT reset_at FROM budget_resets WHERE subject = ?), 0))) AS used
 """
 
 
@@ -146,7 +147,7 @@ class Engine:
             planned = Planned()
             stored = duplicates = resolved = cancelled = 0
             for alert in payload.alerts:
-                alert_id, notifications = self._store_alert(conn, payload, alert, at)
+                alert_id, notifications, status = self._store_alert(conn, payload, alert, at)
                 if notifications == 1:
                     stored += 1
                 else:
@@ -154,7 +155,9 @@ class Engine:
                 if alert.status is AlertStatus.RESOLVED:
                     resolved += 1
                     cancelled += self._cancel_pending(conn, alert.fingerprint)
-                else:
+                # A firing notification that arrives after the resolution (HA peers, retries
+                # out of order) finds the row resolved: it is counted, and plans nothing.
+                elif status is AlertStatus.FIRING:
                     new = notifications == 1  # a new alert has no planned steps to look up
                     self._plan(
                         conn,
@@ -180,7 +183,8 @@ class Engine:
     @staticmethod
     def _store_alert(
         conn: sqlite3.Connection, payload: WebhookPayload, alert: WebhookAlert, at: float
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, AlertStatus]:
+        """The alert's row id, how many notifications it has had, and its stored status."""
         # A notification repeated by Alertmanager (retry, repeat_interval, HA peers) lands on
         # the same (fingerprint, startsAt) row; only a resolution changes it.
         row = conn.execute(
@@ -193,7 +197,7 @@ class Engine:
                 status = CASE WHEN excluded.status = 'resolved' THEN 'resolved' ELSE status END,
                 ends_at = CASE WHEN excluded.status = 'resolved' THEN excluded.ends_at
                                ELSE ends_at END
-            RETURNING id, notifications
+            RETURNING id, notifications, status
             """,
             (
                 alert.fingerprint,
@@ -209,7 +213,7 @@ class Engine:
                 at,
             ),
         ).fetchone()
-        return int(row["id"]), int(row["notifications"])
+        return int(row["id"]), int(row["notifications"]), AlertStatus(row["status"])
 
     @staticmethod
     def _cancel_pending(conn: sqlite3.Connection, fingerprint: str) -> int:
@@ -379,7 +383,7 @@ class Engine:
     ) -> tuple[ActionState, str]:
         # One statement for all three guards: the webhook's cost is mostly statements.
         row = conn.execute(
-            _GUARD_SQL, (subject, subject, step.action, subject, at - HOUR)
+            _GUARD_SQL, (subject, subject, step.action, subject, at - HOUR, subject)
         ).fetchone()
         if row["breaker"] is not None:
             return ActionState.SUPPRESSED, f"circuit breaker open for {subject}: {row['breaker']}"
@@ -426,10 +430,20 @@ class Engine:
         return unit
 
     @staticmethod
-    def reset_breaker(subject: str) -> Callable[[sqlite3.Connection], None]:
+    def reset_breaker(
+        subject: str, now: float | None = None
+    ) -> Callable[[sqlite3.Connection], None]:
+        """Close the breaker and start the subject's budget afresh: the actions that tripped it
+        no longer count, or the next action would trip it again at once."""
+
         def unit(conn: sqlite3.Connection) -> None:
             if conn.execute("DELETE FROM breakers WHERE subject = ?", (subject,)).rowcount == 0:
                 raise NotFoundError(f"no open circuit breaker for {subject!r}")
+            conn.execute(
+                "INSERT INTO budget_resets (subject, reset_at) VALUES (?, ?) "
+                "ON CONFLICT (subject) DO UPDATE SET reset_at = excluded.reset_at",
+                (subject, time.time() if now is None else now),
+            )
 
         return unit
 

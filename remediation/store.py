@@ -98,6 +98,11 @@ CREATE TABLE IF NOT EXISTS breakers (
     tripped_at REAL NOT NULL,
     reason TEXT NOT NULL
 );
+-- When an operator last reset a subject's breaker: its budget counts actions after this only.
+CREATE TABLE IF NOT EXISTS budget_resets (
+    subject TEXT PRIMARY KEY,
+    reset_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS reports (
     action_id INTEGER PRIMARY KEY REFERENCES actions (id),
     job_id TEXT NOT NULL,

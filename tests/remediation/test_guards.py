@@ -129,10 +129,19 @@ def test_budget_trips_breaker_until_manual_reset(settings: Settings) -> None:
         # Other jobs are unaffected.
         _send(client, alert("TrainingRankDown", fingerprint="other", job_id="j2"))
         assert _actions(client)[0]["state"] == "dry_run"
-        # The breaker stays open (even if the hour passes) until an operator resets it.
+        # The breaker stays open until an operator resets it ...
         assert client.post("/v1/breakers/j1/reset", headers=AUTH).status_code == 204
         assert client.post("/v1/breakers/j1/reset", headers=AUTH).status_code == 404
         assert client.get("/v1/breakers", headers=AUTH).json()["breakers"] == []
+        # ... which gives the job a fresh budget: the actions that tripped it no longer count.
+        for i in range(3):
+            _send(client, alert("TrainingRankDown", fingerprint=f"after{i}", job_id="j1"))
+        assert [a["state"] for a in _actions(client)[:3]] == ["dry_run"] * 3
+        _send(client, alert("TrainingRankDown", fingerprint="after3", job_id="j1"))
+        assert _actions(client)[0]["state"] == "suppressed"
+        assert [
+            b["subject"] for b in client.get("/v1/breakers", headers=AUTH).json()["breakers"]
+        ] == ["j1"]
 
 
 def test_deferred_step_is_planned_once_the_alert_persists(settings: Settings) -> None:

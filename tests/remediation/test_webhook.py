@@ -134,6 +134,20 @@ def test_resolved_cancels_pending_actions(settings: Settings) -> None:
         assert approve.status_code == 409
 
 
+def test_a_firing_notification_after_the_resolution_plans_nothing(settings: Settings) -> None:
+    settings = settings.model_copy(update={"dry_run": False})
+    resolved = payload(alert(job_id="j1", status="resolved"), status="resolved")
+    with serve(settings) as client:
+        client.post("/v1/alertmanager", json=resolved, headers=AUTH)
+        late = client.post("/v1/alertmanager", json=payload(alert(job_id="j1")), headers=AUTH)
+        assert late.status_code == 200
+        assert (late.json()["duplicates"], late.json()["planned_actions"]) == (1, [])
+        assert client.get("/v1/actions", headers=AUTH).json()["actions"] == []
+        assert _rows(settings.db_path, "SELECT status, notifications FROM alerts") == [
+            ("resolved", 2)
+        ]
+
+
 def test_refuses_to_start_without_a_token(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="no bearer token"):
         create_app(Settings(db_path=tmp_path / "db"))
