@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client import CollectorRegistry
 from torch.nn.parallel import DistributedDataParallel
 
-from trainguard import contract
+from trainguard import contract, correlation
 from trainguard.events import log_event
 
 from . import flight_recorder, tracing
@@ -119,6 +119,8 @@ class Instrumentation:
         self._poke_handle: torch.utils.hooks.RemovableHandle | None = None
         self._on_directive = on_directive
         self._directives: DirectiveClient | None = None
+        # One bound method object, so that uninstrument withdraws exactly what was published.
+        self._log_trace_ids_ref = self.log_trace_ids
 
         # Training-thread state of the step in progress (perf_counter_ns; 0 = none).
         self.clock = StepClock(step=config.start_step)
@@ -160,6 +162,15 @@ class Instrumentation:
     def trace_id(self, step: int) -> str:
         """The trace id (hex) of ``step``: the same on every rank."""
         return tracing.format_trace_id(tracing.trace_id_for(self.identity.job_id, step))
+
+    def log_trace_ids(self) -> tuple[str, str]:
+        """The trace and span ids that records logged now carry: this rank's span of the step
+        in progress (``trainguard.correlation``; the ECS logging filter reads them)."""
+        job_id, step = self.identity.job_id, self.clock.step
+        return (
+            tracing.format_trace_id(tracing.trace_id_for(job_id, step)),
+            tracing.format_span_id(tracing.rank_span_id_for(job_id, step, self.identity.rank)),
+        )
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every finished step is in the metrics (and its spans queued)."""
@@ -223,6 +234,7 @@ class Instrumentation:
             self._endpoint = None
         if self.model.__dict__.get(_ATTACHED) is self:
             del self.model.__dict__[_ATTACHED]
+        correlation.withdraw(self._log_trace_ids_ref)
         log_event(
             "trainguard instrumentation removed",
             contract.EventKind.UNINSTRUMENTED,
@@ -372,6 +384,7 @@ class Instrumentation:
         self._wrap_forward()
         if self.optimizer is not None:
             self._wrap_step(self.optimizer)
+        correlation.publish(self._log_trace_ids_ref)
         self._active = True
         self._serve()
         url = cfg.resolved_remediation_url()

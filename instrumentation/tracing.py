@@ -51,8 +51,17 @@ def root_span_id_for(job_id: str, step: int) -> int:
     return _derive(8, "root", job_id, step)
 
 
+def rank_span_id_for(job_id: str, step: int, rank: int) -> int:
+    """The span id of ``rank``'s span of ``step`` (what its logs of that step point at)."""
+    return _derive(8, "rank", job_id, step, rank)
+
+
 def format_trace_id(trace_id: int) -> str:
     return f"{trace_id:032x}"
+
+
+def format_span_id(span_id: int) -> str:
+    return f"{span_id:016x}"
 
 
 class DerivedIdGenerator(IdGenerator):

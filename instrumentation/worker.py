@@ -285,6 +285,7 @@ class StepWorker:
                 contract.SPAN_STEP, context=Context(), start_time=start, attributes=common
             )
             root.end(end_time=end)
+        self._ids.pending_span_id = tracing.rank_span_id_for(ident.job_id, record.step, ident.rank)
         rank_span = self._tracer.start_span(
             contract.SPAN_RANK_STEP,
             context=tracing.remote_parent(trace_id, root_id),

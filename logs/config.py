@@ -23,7 +23,7 @@ from pathlib import Path
 
 import ecs_logging
 
-from trainguard import contract
+from trainguard import contract, correlation
 
 DEFAULT_DATASET = "rank"
 DEFAULT_NAMESPACE = "default"
@@ -52,17 +52,19 @@ def data_stream_name(dataset: str, namespace: str = DEFAULT_NAMESPACE) -> str:
     return f"{contract.LOG_DATA_STREAM_PREFIX}.{dataset}-{namespace}"
 
 
-def opentelemetry_span_ids() -> SpanIds | None:
-    """A function returning (trace id, span id) of the current span, or None without OTel."""
+def current_span_ids() -> SpanIds:
+    """A function returning (trace id, span id) of the current OpenTelemetry span, else of the
+    training step in progress (published by the hook, :mod:`trainguard.correlation`), else
+    None."""
     try:
         from opentelemetry import trace
     except ImportError:
-        return None
+        return correlation.current_ids
 
     def current() -> tuple[str, str] | None:
         context = trace.get_current_span().get_span_context()
         if not context.is_valid:
-            return None
+            return correlation.current_ids()
         return trace.format_trace_id(context.trace_id), trace.format_span_id(context.span_id)
 
     return current
@@ -92,10 +94,10 @@ class ContextFilter(logging.Filter):
         step = self._step
         if step is not None:
             fields.setdefault(contract.FIELD_STEP, step)
-        if self._span_ids is not None and contract.FIELD_TRACE_ID not in fields:
-            ids = self._span_ids()
-            if ids is not None:
-                fields[contract.FIELD_TRACE_ID] = ids[0]
+        ids = self._span_ids() if self._span_ids is not None else None
+        if ids is not None:
+            trace_id = fields.setdefault(contract.FIELD_TRACE_ID, ids[0])
+            if trace_id == ids[0]:  # a record naming another trace keeps only its own ids
                 fields.setdefault(contract.FIELD_SPAN_ID, ids[1])
         return True
 
@@ -167,7 +169,7 @@ def configure_logging(
         static[contract.FIELD_JOB_ID] = job_id
     if rank is not None:
         static[contract.FIELD_RANK] = str(rank)
-    context = ContextFilter(static, opentelemetry_span_ids())
+    context = ContextFilter(static, current_span_ids())
 
     for handler in list(target.handlers):
         if getattr(handler, _OWNED, False):

@@ -3,6 +3,7 @@ the OOM guard and the watchdog's decisions."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
@@ -25,6 +26,7 @@ from trainguard.instrumentation.config import Identity
 from trainguard.instrumentation.errors import ErrorBudget
 from trainguard.instrumentation.metrics import RankMetrics
 from trainguard.instrumentation.watchdog import CollectiveWatchdog, StepClock
+from trainguard.logs import configure_logging
 
 from .harness import free_port
 
@@ -401,3 +403,45 @@ def test_watchdog_counts_a_collective_past_its_timeout(tmp_path: Path, events: E
     watchdog.check()
     assert gauge(registry, "trainguard_collective_timeouts_total") == 1
     assert len(events.actions("collective_timeout")) == 1
+
+
+class KeepingExporter(SpanExporter):
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+
+    def export(self, spans: Any) -> SpanExportResult:
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def test_logs_of_a_step_carry_its_trace_and_this_rank_s_span(tmp_path: Path) -> None:
+    log_file = tmp_path / "rank0.ndjson"
+    logger = logging.getLogger("test.correlated")
+    setup = configure_logging(service_name="trainer", file=log_file, logger=logger)
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    exporter = KeepingExporter()
+    handle = instrument(model, optimizer, span_exporter=exporter)
+    for step in range(3):
+        optimizer.zero_grad()
+        model(torch.ones(4, 8)).mean().backward()
+        logger.info("loss of step %d", step)
+        optimizer.step()
+    handle.force_flush_spans()
+    handle.uninstrument()
+    logger.info("after uninstrument")
+    setup.close()
+    records = [json.loads(line) for line in log_file.read_text().splitlines()]
+    rank_spans = {
+        span.attributes[contract.ATTR_STEP]: span.context
+        for span in exporter.spans
+        if span.name == contract.SPAN_RANK_STEP
+    }
+    for step, record in enumerate(records[:3]):
+        assert record["trace"]["id"] == handle.trace_id(step)
+        assert record["trace"]["id"] == f"{rank_spans[step].trace_id:032x}"
+        assert record["span"]["id"] == f"{rank_spans[step].span_id:016x}"
+    assert "trace" not in records[3] and "span" not in records[3]

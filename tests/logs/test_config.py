@@ -13,7 +13,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from trainguard import contract
+from trainguard import contract, correlation
 from trainguard.events import log_event
 from trainguard.logs import configure_logging, data_stream_name
 
@@ -165,3 +165,27 @@ def test_data_stream_names_follow_elasticsearch_rules() -> None:
     for dataset, namespace in (("Rank", "default"), ("a-b", "default"), ("rank", "x y"), ("", "d")):
         with pytest.raises(ValueError):
             data_stream_name(dataset, namespace)
+
+
+def test_without_a_current_span_the_published_step_ids_are_used(tmp_path: Path, logger) -> None:
+    log_file = tmp_path / "step.ndjson"
+    setup = configure_logging(service_name="svc", file=log_file, logger=logger)
+    step_ids = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+
+    def provider() -> tuple[str, str]:
+        return step_ids
+
+    correlation.publish(provider)
+    try:
+        logger.info("plain line")
+        log_event("oom", contract.EventKind.OOM, logger=logger, trace_id=step_ids[0])
+        log_event("other", contract.EventKind.DECISION, logger=logger, trace_id="ab" * 16)
+    finally:
+        correlation.withdraw(provider)
+    logger.info("nothing published")
+    setup.close()
+    plain, same_trace, other_trace, unpublished = read(log_file)
+    assert (plain["trace"]["id"], plain["span"]["id"]) == step_ids
+    assert (same_trace["trace"]["id"], same_trace["span"]["id"]) == step_ids
+    assert other_trace["trace"]["id"] == "ab" * 16 and "span" not in other_trace
+    assert "trace" not in unpublished and "span" not in unpublished
