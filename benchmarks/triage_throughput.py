@@ -2,8 +2,13 @@
 
 Writes a log of ``--size`` MB (default 1024) made of what a real multi-rank job prints
 (per-step lines, NCCL INFO debug output, torchrun and Python warnings, progress bars) with a
-few failures sprinkled in, then scans it in-process and reports MB/s and peak memory. The file
-is read back from the page cache, so the figure is triage's own CPU cost, not the disk's.
+few failures sprinkled in, then scans it in-process and reports MB/s and memory. The file is
+read back from the page cache, so the figure is triage's own CPU cost, not the disk's.
+
+Memory: ``peak_rss_mb`` is the process's high-water mark, writing the log included. What the
+scan itself holds is read from the process's current RSS, sampled every ``SAMPLE_SECONDS`` by a
+thread while the scan runs: ``rss_growth_during_scan_mb`` is the highest sample minus the RSS
+just before the scan (a spike shorter than the interval can be missed).
 The last line is ``triage_mb_per_s=<float>``.
 """
 
@@ -14,12 +19,16 @@ import random
 import resource
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import psutil
 
 from trainguard.triage.scanner import Scanner
 
 BLOCK_BYTES = 4 << 20
+SAMPLE_SECONDS = 0.01
 
 
 def _noise_lines(rng: random.Random, count: int) -> list[str]:
@@ -93,6 +102,31 @@ def write_log(path: Path, size_mb: int, seed: int = 0) -> int:
     return written
 
 
+class RssSampler:
+    """The highest current RSS of this process seen while the ``with`` block runs."""
+
+    def __init__(self, interval: float = SAMPLE_SECONDS) -> None:
+        self._process = psutil.Process()
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self.before = self.peak = 0
+
+    def __enter__(self) -> RssSampler:
+        self.before = self.peak = self._process.memory_info().rss
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._process.memory_info().rss)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.peak = max(self.peak, self._process.memory_info().rss)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1024, help="log size in MB (default 1024)")
@@ -101,14 +135,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         log = Path(tmp) / "noise.log"
         size = write_log(log, args.size)
-        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         scanner = Scanner()
-        started, cpu_started = time.perf_counter(), time.process_time()
-        scanner.scan_paths([str(log)])
-        findings = scanner.findings()
-        elapsed = time.perf_counter() - started
-        cpu = time.process_time() - cpu_started
-        rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        with RssSampler() as rss:
+            # The scan's own thread: the sampler's CPU is not triage's.
+            started, cpu_started = time.perf_counter(), time.thread_time()
+            scanner.scan_paths([str(log)])
+            findings = scanner.findings()
+            elapsed = time.perf_counter() - started
+            cpu = time.thread_time() - cpu_started
+        peak_rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     rate = size / elapsed / 1e6
     print(f"log_bytes={size}")
     print(f"lines={scanner.stats.lines}")
@@ -117,8 +152,10 @@ def main() -> int:
     # On a shared machine wall time includes waiting for a core; CPU time is triage's own cost.
     print(f"cpu_seconds={cpu:.3f}")
     print(f"cpu_mb_per_s={size / cpu / 1e6:.1f}")
-    print(f"peak_rss_mb={rss_after / 1024:.1f}")
-    print(f"rss_growth_during_scan_mb={(rss_after - rss_before) / 1024:.1f}")
+    print(f"peak_rss_mb={peak_rss_kib / 1024:.1f}")
+    print(f"rss_before_scan_mb={rss.before / 2**20:.1f}")
+    print(f"peak_rss_during_scan_mb={rss.peak / 2**20:.1f}")
+    print(f"rss_growth_during_scan_mb={(rss.peak - rss.before) / 2**20:.1f}")
     print(f"triage_mb_per_s={rate:.1f}")
     return 0
 

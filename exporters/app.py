@@ -80,6 +80,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
+    parser.add_argument(
+        "--log-format",
+        default="ecs",
+        choices=["ecs", "text"],
+        help="ECS JSON (to $TRAINGUARD_LOG_FILE, else stdout) or text on stderr (default ecs)",
+    )
     try:
         from trainguard.exporters.registry import registered
     except ImportError:  # the exporter extra is not installed: no collector flags to offer
@@ -130,7 +136,8 @@ def _log_globs(args: argparse.Namespace) -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        import prometheus_client  # noqa: F401  (the exporter extra's dependencies)
+        import ecs_logging  # noqa: F401  (the exporter extra's dependencies)
+        import prometheus_client  # noqa: F401
         import psutil  # noqa: F401
     except ImportError as error:
         print(
@@ -150,9 +157,13 @@ def run(args: argparse.Namespace) -> int:
         registered,
     )
     from trainguard.exporters.serving import serve_metrics
+    from trainguard.logs import configure_process_logging
 
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    configure_process_logging(
+        service_name=contract.SERVICE_EXPORTER,
+        dataset="exporter",
+        level=args.log_level,
+        log_format=args.log_format,
     )
     try:
         host, port = parse_listen_address(args.listen_address)

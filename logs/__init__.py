@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         ContextFilter,
         LoggingSetup,
         configure_logging,
+        configure_process_logging,
         data_stream_name,
         ecs_formatter,
     )
@@ -24,6 +25,7 @@ __all__ = [
     "ContextFilter",
     "LoggingSetup",
     "configure_logging",
+    "configure_process_logging",
     "data_stream_name",
     "ecs_formatter",
 ]

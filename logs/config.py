@@ -197,3 +197,22 @@ def configure_logging(
         target.addHandler(handler)
     target.setLevel(level)
     return LoggingSetup(target, context, handlers)
+
+
+LOG_FORMATS = ("ecs", "text")
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_process_logging(
+    *, service_name: str, dataset: str, level: int | str, log_format: str
+) -> None:
+    """How a trainguard service process (exporter, remediation) logs: ECS JSON by default, to
+    ``$TRAINGUARD_LOG_FILE`` (rotated NDJSON that Filebeat ships) or else standard output, or
+    plain text for a human at a terminal (``log_format="text"``, standard error)."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format {log_format!r}: expected one of {', '.join(LOG_FORMATS)}")
+    numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    if log_format == "text":
+        logging.basicConfig(level=numeric, format=_TEXT_FORMAT)
+        return
+    configure_logging(service_name=service_name, dataset=dataset, level=numeric)

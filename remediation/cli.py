@@ -7,11 +7,12 @@ ones an operator changes most. ``--check-policy`` validates a policy file and ex
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from trainguard import contract
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,11 +33,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--check-policy", action="store_true", help="validate the policy and exit")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument(
+        "--log-format",
+        default="ecs",
+        choices=["ecs", "text"],
+        help="ECS JSON (to $TRAINGUARD_LOG_FILE, else stdout; no per-request access log) or "
+        "text with uvicorn's access log (default ecs)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from trainguard.logs import configure_process_logging
     from trainguard.remediation.policy import PolicyError, load_policy
     from trainguard.remediation.settings import ConfigurationError, Settings
 
@@ -64,8 +73,11 @@ def run(args: argparse.Namespace) -> int:
         overrides["dry_run"] = False
     if args.insecure_no_auth:
         overrides["insecure_no_auth"] = True
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    configure_process_logging(
+        service_name=contract.SERVICE_REMEDIATION,
+        dataset="remediation",
+        level=args.log_level,
+        log_format=args.log_format,
     )
     try:
         settings = Settings(**overrides)
@@ -78,7 +90,19 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level.lower())
+    if args.log_format == "ecs":
+        # uvicorn's own loggers go through the root logger's ECS handler; an access line per
+        # webhook call would dominate the log in an alert storm (the audit trail has them).
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=args.log_level.lower(),
+            log_config=None,
+            access_log=False,
+        )
+    else:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level.lower())
     return 0
 
 

@@ -5,7 +5,9 @@ chunk is searched for the detectors' literal keywords with ``bytes.find`` (C spe
 lines holding one are decoded and handed to the detectors, and line numbers come from counting
 newlines. A chunk that is not clean text (NUL bytes, invalid UTF-8) falls back to a per-line
 pass that skips and counts the binary lines. Lines longer than ``MAX_LINE_BYTES`` are skipped and
-counted instead of being buffered.
+counted instead of being buffered, whether they arrive whole in one chunk or across several, so
+the counts do not depend on the chunk size. A ``.gz`` input that turns out to be corrupt or
+truncated is reported as unreadable.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import gzip
 import os
 import sys
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,7 +142,9 @@ class Scanner:
             else:
                 with open(path, "rb") as stream:  # noqa: PTH123
                     self.scan_stream(stream, path)
-        except (OSError, EOFError) as error:
+        # gzip raises OSError for a bad header or CRC, EOFError for a truncated stream and
+        # zlib.error for corrupt deflate data.
+        except (OSError, EOFError, zlib.error) as error:
             reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
             self.stats.unreadable.append((path, reason))
 
@@ -182,7 +187,45 @@ class Scanner:
         self.stats.lines += line_no
 
     def _chunk(self, chunk: bytes, first_line: int, source: Source) -> int:
-        """Process complete lines; return the line count after them."""
+        """Process complete lines, skipping and counting overlong ones; return the line count
+        after them."""
+        line_no, start = first_line, 0
+        for begin, end in self._overlong_lines(chunk):
+            if begin > start:
+                line_no = self._lines(chunk[start:begin], line_no, source)
+            self.stats.overlong_lines += 1
+            line_no += 1
+            start = end + 1
+        if start == 0:
+            return self._lines(chunk, line_no, source)
+        if start < len(chunk):
+            line_no = self._lines(chunk[start:], line_no, source)
+        return line_no
+
+    def _overlong_lines(self, chunk: bytes) -> list[tuple[int, int]]:
+        """(start, newline offset) of each line in ``chunk`` longer than the limit.
+
+        A line starting at ``start`` is overlong exactly when the next ``limit + 1`` bytes hold
+        no newline; otherwise every line up to the last newline in that window is short, so the
+        search jumps past it: a few ``rfind`` calls per chunk, each stopping at its window's
+        last newline.
+        """
+        limit = self._max_line
+        spans: list[tuple[int, int]] = []
+        start = 0
+        while len(chunk) - start > limit + 1:
+            last = chunk.rfind(b"\n", start, start + limit + 1)
+            if last == -1:
+                end = chunk.find(b"\n", start + limit + 1)
+                spans.append((start, end))
+                start = end + 1
+            else:
+                start = last + 1
+        return spans
+
+    def _lines(self, chunk: bytes, first_line: int, source: Source) -> int:
+        """Process complete lines none of which is overlong; return the line count after
+        them."""
         if b"\x00" in chunk or not self._is_text(chunk):
             return self._slow_chunk(chunk, first_line, source)
         starts: set[int] = set()
@@ -248,9 +291,6 @@ class Scanner:
         return line_no
 
     def _line(self, raw: bytes, line_no: int, source: Source) -> None:
-        if len(raw) > self._max_line:
-            self.stats.overlong_lines += 1
-            return
         line = raw.decode("utf-8", errors="replace").rstrip("\r")
         where = Location(source.name, line_no)
         follower = self._follow

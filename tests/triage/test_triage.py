@@ -118,6 +118,23 @@ def test_nccl_errors_by_kind(capsys) -> None:
     assert by_kind["remote_error"]["fields"]["nccl_versions"] == ["2.20.5", "2.21.5"]
 
 
+def test_nccl_internal_error_and_invalid_usage(capsys) -> None:
+    # torch's DistBackendError lines carry ncclGetErrorString's wording for both kinds
+    _, findings = triage_json(capsys, FIXTURES / "nccl_init_errors.log")
+    by_kind = {f["fields"]["kind"]: f for f in only(findings, "nccl_error")}
+    invalid = by_kind["invalid_usage"]
+    assert (invalid["line"], invalid["count"]) == (12, 1)
+    assert invalid["fields"]["ranks"] == [1]
+    assert "invalid usage (run with NCCL_DEBUG=WARN" in invalid["fields"]["message"]
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in invalid["advice"]
+    internal = by_kind["internal_error"]
+    assert (internal["line"], internal["count"]) == (19, 1)
+    assert internal["fields"]["ranks"] == [10]
+    assert "please report this issue" in internal["fields"]["message"]
+    assert "same NCCL and PyTorch versions" in internal["advice"]
+    assert internal["fields"]["nccl_versions"] == ["2.21.5"]
+
+
 def test_xid_meanings_and_drain_advice(capsys) -> None:
     _, findings = triage_json(capsys, FIXTURES / "kern.log")
     xids = {(f["fields"]["pci"], f["fields"]["xid"]): f for f in only(findings, "xid")}
@@ -197,6 +214,22 @@ def test_unreadable_input_has_its_own_exit_code(capsys, tmp_path: Path) -> None:
     assert cli.main(["triage", str(missing), str(FIXTURES / "kern.log")]) == EXIT_FOUND
 
 
+@pytest.mark.parametrize("damage", ["corrupt", "truncated"])
+def test_damaged_gzip_is_reported_unreadable(capsys, tmp_path: Path, damage: str) -> None:
+    packed = gzip.compress(b"step=1 loss=2.0\n" * 10_000)
+    if damage == "corrupt":
+        # flip the deflate data just after the 10-byte header: zlib.error, not a bad CRC
+        broken = packed[:10] + bytes(b ^ 0xFF for b in packed[10:40]) + packed[40:]
+    else:
+        broken = packed[: len(packed) // 2]  # EOFError: no end-of-stream marker
+    log = tmp_path / f"{damage}.log.gz"
+    log.write_bytes(broken)
+    assert cli.main(["triage", "--no-progress", str(log)]) == EXIT_UNREADABLE
+    assert f"cannot read {log}:" in capsys.readouterr().err
+    # the inputs after it are still read
+    assert cli.main(["triage", "--no-progress", str(log), str(FIXTURES / "kern.log")]) == EXIT_FOUND
+
+
 def test_binary_lines_are_skipped_and_counted(capsys) -> None:
     scanner = Scanner()
     scanner.scan_paths([str(FIXTURES / "binary_mixed.log")])
@@ -232,6 +265,32 @@ def test_overlong_lines_are_skipped_without_buffering(tmp_path: Path) -> None:
     findings = scanner.findings()
     assert scanner.stats.overlong_lines == 2
     assert [(f.category.value, f.location.line) for f in findings] == [("xid", 2)]
+
+
+@pytest.mark.parametrize("chunk", [8 << 20, 1 << 20, 64 << 10])
+def test_overlong_lines_count_the_same_whatever_the_chunk_size(tmp_path: Path, chunk: int) -> None:
+    xid_line = b"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.\n"
+    log = tmp_path / "long.log"
+    log.write_bytes(
+        b"step=1\n"
+        + b"x" * (2 << 20)  # no keyword: a chunk holding it whole never looks at it otherwise
+        + b"\n"
+        + b"y" * (2 << 20)
+        + b" NCCL WARN hidden\n"
+        + b"\x00" * (2 << 20)  # counted as overlong, not as binary
+        + b"\n"
+        + b"z" * ((1 << 20) + 1)  # one byte over the limit
+        + b"\n"
+        + b"w" * (1 << 20)  # exactly the limit: kept
+        + b"\n"
+        + xid_line
+    )
+    scanner = Scanner(chunk_bytes=chunk)
+    scanner.scan_paths([str(log)])
+    findings = scanner.findings()
+    assert (scanner.stats.overlong_lines, scanner.stats.binary_lines) == (4, 0)
+    assert scanner.stats.lines == 7
+    assert [(f.category.value, f.location.line) for f in findings] == [("xid", 7)]
 
 
 def test_stdin_and_gzip_inputs(tmp_path: Path) -> None:
