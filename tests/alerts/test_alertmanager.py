@@ -1,13 +1,25 @@
-"""alerts/alertmanager.yml: valid, routes every alert where it belongs, secrets from files."""
+"""alerts/alertmanager.yml: valid, routes every alert where it belongs, secrets from files, and
+the real Alertmanager inhibits the alerts its rules say (its API, receivers kept offline)."""
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from tests.alerts.tools import ALERTS, binary, run
+from trainguard import contract
 from trainguard.contract import Alert, Severity
 
 CONFIG = ALERTS / "alertmanager.yml"
@@ -94,3 +106,170 @@ def test_inhibitions() -> None:
     for target in (Alert.GPU_XID_ERROR, Alert.GPU_THERMAL_THROTTLING):
         assert inhibits(Alert.GPU_NVML_DOWN.value, target.value, "node")
     assert inhibits(Severity.CRITICAL.value, Severity.WARNING.value, "alertname")
+
+
+# --- the real Alertmanager, offline -------------------------------------------------------
+
+SECRETS_DIR = "/etc/alertmanager/secrets/"
+
+
+class _Accept(BaseHTTPRequestHandler):
+    """Stands in for the remediation service, PagerDuty and Slack: takes every notification."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Notifications are not what these tests look at; keep pytest's output clean."""
+
+
+@contextmanager
+def notification_sink() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Accept)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def offline_config(tmp_path: Path, sink: str) -> Path:
+    """alerts/alertmanager.yml with every receiver sending to ``sink`` and secrets in tmp_path.
+
+    Routes, inhibitions and templates stay as committed; only where notifications go changes.
+    """
+    data = config()
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+
+    def secret(path: str, content: str) -> str:
+        assert path.startswith(SECRETS_DIR), path
+        local = secrets / path.removeprefix(SECRETS_DIR)
+        local.write_text(content)
+        return str(local)
+
+    for receiver in data["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = sink
+            auth = hook["http_config"]["authorization"]
+            auth["credentials_file"] = secret(auth["credentials_file"], "test-token")
+        for pagerduty in receiver.get("pagerduty_configs", []):
+            pagerduty["url"] = sink
+            pagerduty["routing_key_file"] = secret(pagerduty["routing_key_file"], "test-key")
+        for slack in receiver.get("slack_configs", []):
+            slack["api_url_file"] = secret(slack["api_url_file"], sink)
+    data["templates"] = [str(CONFIG.parent / template) for template in data["templates"]]
+    rendered = tmp_path / "alertmanager.yml"
+    rendered.write_text(yaml.safe_dump(data, sort_keys=False))
+    return rendered
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Polls ``check`` until it holds (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[httpx.Client]:
+    """A running Alertmanager with the committed config; yields a client of its API."""
+    # Upstream's binary is "alertmanager"; Debian's package renames it.
+    name = "alertmanager" if shutil.which("alertmanager") else "prometheus-alertmanager"
+    executable = binary(name)
+    port = free_port()
+    with notification_sink() as sink:
+        proc = subprocess.Popen(
+            [
+                executable,
+                f"--config.file={offline_config(tmp_path, sink)}",
+                f"--storage.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                # No peers: an empty address turns the gossip cluster off.
+                "--cluster.listen-address=",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+
+                def ready() -> bool:
+                    if proc.poll() is not None:
+                        assert proc.stderr is not None
+                        pytest.fail(f"alertmanager exited {proc.returncode}: {proc.stderr.read()}")
+                    try:
+                        return client.get("/-/ready").status_code == 200
+                    except httpx.TransportError:
+                        return False
+
+                assert wait_until(ready), "alertmanager did not start"
+                yield client
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+def _alert(alert: Alert, severity: Severity, **labels: str) -> dict[str, Any]:
+    return {"labels": {"alertname": alert.value, contract.LABEL_SEVERITY: severity.value, **labels}}
+
+
+def test_alertmanager_inhibits_symptoms_of_a_down_rank_and_of_a_blind_node(
+    alertmanager: httpx.Client,
+) -> None:
+    job, rank, node = contract.LABEL_JOB_ID, contract.LABEL_RANK, contract.LABEL_NODE
+    sent = {
+        "rank down": _alert(Alert.TRAINING_RANK_DOWN, Severity.CRITICAL, **{job: "j1", rank: "2"}),
+        "straggler, same job": _alert(
+            Alert.TRAINING_STRAGGLER, Severity.WARNING, **{job: "j1", rank: "3"}
+        ),
+        "straggler, other job": _alert(
+            Alert.TRAINING_STRAGGLER, Severity.WARNING, **{job: "j2", rank: "3"}
+        ),
+        "nvml down": _alert(Alert.GPU_NVML_DOWN, Severity.CRITICAL, **{node: "n1"}),
+        "xid, same node": _alert(
+            Alert.GPU_XID_ERROR, Severity.WARNING, **{node: "n1", contract.LABEL_GPU: "0"}
+        ),
+        "xid, other node": _alert(
+            Alert.GPU_XID_ERROR, Severity.WARNING, **{node: "n2", contract.LABEL_GPU: "0"}
+        ),
+    }
+    expected_inhibited = {"straggler, same job", "xid, same node"}
+    response = alertmanager.post("/api/v2/alerts", json=list(sent.values()))
+    assert response.status_code == 200, response.text
+
+    def inhibited() -> dict[str, bool]:
+        by_labels = {
+            frozenset(a["labels"].items()): bool(a["status"]["inhibitedBy"])
+            for a in alertmanager.get("/api/v2/alerts").json()
+        }
+        return {
+            key: by_labels[labels]
+            for key, alert in sent.items()
+            if (labels := frozenset(alert["labels"].items())) in by_labels
+        }
+
+    expected = {key: key in expected_inhibited for key in sent}
+    # Alertmanager takes alerts in asynchronously: wait until it lists every one of them and
+    # its inhibitor has seen the sources.
+    wait_until(lambda: inhibited() == expected)
+    assert inhibited() == expected

@@ -39,6 +39,20 @@ def thresholds_data() -> dict[str, Any]:
     return data
 
 
+# The flow every runbook section follows, in order (the runbook's introduction names it).
+RUNBOOK_PARTS = ("Symptom", "Scope", "Root cause", "Fix", "Prevention")
+
+
+def runbook_sections(text: str) -> dict[str, str]:
+    """Body of each section of a Markdown runbook, keyed by its heading's anchor."""
+    sections: dict[str, str] = {}
+    chunks = re.split(r"^#+ (.+)$", text, flags=re.M)
+    for heading, body in zip(chunks[1::2], chunks[2::2], strict=True):
+        anchor = re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
+        sections[anchor] = body
+    return sections
+
+
 def test_committed_rules_match_the_thresholds() -> None:
     assert cli.main(["rules", "--check"]) == 0
 
@@ -95,11 +109,7 @@ def test_cli_reports_bad_thresholds(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_every_contract_alert_has_a_complete_rule() -> None:
     alert_rules = [r for r in load_rules() if "alert" in r]
     assert {r["alert"] for r in alert_rules} == {a.value for a in Alert}
-    runbook = (ALERTS / "runbook.md").read_text()
-    headings = {
-        re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
-        for h in re.findall(r"^#+ (.+)$", runbook, re.M)
-    }
+    headings = set(runbook_sections((ALERTS / "runbook.md").read_text()))
     for rule in alert_rules:
         name = rule["alert"]
         assert rule["labels"][contract.LABEL_SEVERITY] in {s.value for s in Severity}, name
@@ -120,6 +130,16 @@ def test_every_contract_alert_has_a_complete_rule() -> None:
             # Node alerts name the node and list the job/rank of each rank running there.
             assert "$labels.node" in text and ".Labels.job_id" in text, name
             assert ".Labels.rank" in text, name
+
+
+def test_every_alert_runbook_section_has_the_five_parts() -> None:
+    sections = runbook_sections((ALERTS / "runbook.md").read_text())
+    for rule in load_rules():
+        if "alert" not in rule:
+            continue
+        anchor = rule["annotations"][contract.ANNOTATION_RUNBOOK_URL].split("#")[1]
+        parts = re.findall(r"^- \*\*(.+?)\*\*:", sections[anchor], flags=re.M)
+        assert tuple(parts) == RUNBOOK_PARTS, f"{rule['alert']}: runbook section has {parts}"
 
 
 def test_recording_rules_follow_level_metric_operation() -> None:
