@@ -258,6 +258,9 @@ class Stack:
                 "TRAINGUARD_REMEDIATION_COOLDOWN_SECONDS": "30",
                 "TRAINGUARD_REMEDIATION_SWEEP_INTERVAL_SECONDS": "0.5",
                 "TRAINGUARD_REMEDIATION_BUDGET_PER_HOUR": "20",
+                # Every action the service takes gets a `trainguard diagnose` report.
+                "TRAINGUARD_REMEDIATION_DIAGNOSE_PROMETHEUS_URL": cfg.url("prometheus"),
+                "TRAINGUARD_REMEDIATION_DIAGNOSE_DUMPS_DIR": str(cfg.dumps),
             },
         )  # fmt: skip
         self._start(

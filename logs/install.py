@@ -6,6 +6,11 @@ trace ids as keywords on top of Elasticsearch's own ``logs@*``/``ecs@mappings`` 
 templates, and a Kibana data view over those streams. Each object carries a hash of its
 definition in ``_meta``; a second install with the same definition changes nothing, a changed
 definition (a new retention, say) replaces the old one.
+
+The two halves can run apart: :meth:`ElasticsearchInstaller.install_elasticsearch` is what
+indexing needs (the template must exist before the first event creates the data stream), while
+:meth:`ElasticsearchInstaller.install_data_view` only serves people browsing in Kibana, so the
+direct shipper never lets it hold up delivery.
 """
 
 from __future__ import annotations
@@ -138,17 +143,31 @@ class ElasticsearchInstaller:
             "timeFieldName": "@timestamp",
         }
 
+    @property
+    def has_kibana(self) -> bool:
+        """Whether a Kibana URL was given, so there is a data view to install."""
+        return self._kibana_url is not None
+
     # --- install ------------------------------------------------------------------------------
     def install(self) -> list[str]:
         """Bring every object up to date; returns the names of those created or replaced."""
+        changed = self.install_elasticsearch()
+        if self.install_data_view():
+            changed.append("data_view")
+        return changed
+
+    def install_elasticsearch(self) -> list[str]:
+        """The ILM policy and index template; returns the names of those created or replaced."""
         changed = []
         if self._ensure_policy():
             changed.append("ilm_policy")
         if self._ensure_template():
             changed.append("index_template")
-        if self._kibana_url is not None and self._ensure_data_view():
-            changed.append("data_view")
         return changed
+
+    def install_data_view(self) -> bool:
+        """The Kibana data view, when a Kibana URL was given; True if it was created."""
+        return self._kibana_url is not None and self._ensure_data_view()
 
     def _ensure_policy(self) -> bool:
         policy, digest = _with_hash(self.policy())

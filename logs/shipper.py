@@ -9,15 +9,24 @@ is *accepted*. A background thread reads the spool in order and sends batches wi
 - a batch is resolved item by item: indexed, or 409 (already there from a send interrupted by
   a crash: the ids are stable), or rejected for good (a 4xx such as a mapping error: written to
   ``dead-letter.ndjson`` beside the spool with the reason, never silently dropped);
-- items answered 429 or 5xx, a whole request answered with an error, and connection failures
-  are retried with capped exponential backoff; the next batch is never sent before the current
-  one is resolved, so delivery resumes in order;
+- items answered 429 or 5xx, a whole request answered 429/5xx, and connection failures are
+  retried with capped exponential backoff; the next batch is never sent before the current one
+  is resolved, so delivery resumes in order;
+- a whole request answered 413 (too large for Elasticsearch's ``http.max_content_length`` or a
+  proxy's limit) is split in halves, sent in order, down to single events; a single event still
+  answered 413 can never be indexed and goes to the dead-letter file;
+- a whole request answered another 4xx (401/403: a bad or unprivileged API key) says nothing
+  about the events: they stay spooled and are retried with capped backoff, and the refusal is
+  reported once on standard error;
 - the cursor advances only past a resolved batch, so a restart resends at most one batch.
 
 The spool's disk use is bounded; an event that does not fit is refused and counted in
 :attr:`ElasticsearchShipper.stats` (``refused``), with a warning on standard error. On startup
-the thread first installs the ILM policy, index template and (optionally) the Kibana data view
-with :class:`~trainguard.logs.install.ElasticsearchInstaller`, retrying until it succeeds.
+the thread first installs the ILM policy and index template with
+:class:`~trainguard.logs.install.ElasticsearchInstaller`, retrying until it succeeds, before it
+ships: the data stream must get our mappings. The optional Kibana data view is installed by a
+thread of its own, retried with backoff until Kibana answers, so a Kibana outage never holds up
+delivery.
 """
 
 from __future__ import annotations
@@ -46,6 +55,21 @@ from trainguard.logs.install import ElasticsearchInstaller, InstallError
 from trainguard.logs.spool import Entry, Spool
 
 DEAD_LETTER_FILE = "dead-letter.ndjson"
+_TOO_LARGE = 413
+# 4xx answers to a whole request that only say "try again later".
+_TRANSIENT_4XX = frozenset({408, 429})
+
+
+def backoff_delay(attempt: int, initial: float, maximum: float) -> float:
+    """Seconds to wait before retry ``attempt`` (0-based): doubling from ``initial``, capped."""
+    # The exponent is capped too: 2**attempt as a float overflows after ~1000 retries, which a
+    # long outage at a 60 s cap reaches in under a day.
+    return min(maximum, initial * 2.0 ** min(attempt, 64))
+
+
+def _is_refusal(status: int) -> bool:
+    """A 4xx for the whole request that waiting alone will not cure (a bad key, a wrong URL)."""
+    return 400 <= status < 500 and status not in _TRANSIENT_4XX
 
 
 @dataclass
@@ -59,6 +83,10 @@ class ShipperStats:
     rejected: int = 0  # refused by Elasticsearch for good, kept in the dead-letter file
     dead_letter_dropped: int = 0  # rejected and the dead-letter file was full as well
     retries: int = 0  # batches (or their remainders) sent again after a failure
+    splits: int = 0  # batches split in two after a whole-request 413
+    request_refusals: int = 0  # whole requests answered another 4xx: events kept, retried
+    data_view_failures: int = 0  # failed attempts to install the Kibana data view
+    data_view_installed: bool = False
     last_error: str | None = None
 
 
@@ -108,8 +136,15 @@ class ElasticsearchShipper(logging.Handler):
         self._abort = threading.Event()
         self._progress = threading.Condition()
         self._closed = False
+        self._reported_refusal: int | None = None
         self._thread = threading.Thread(target=self._run, name="trainguard-es-shipper", daemon=True)
         self._thread.start()
+        self._data_view_thread: threading.Thread | None = None
+        if installer is not None and installer.has_kibana:
+            self._data_view_thread = threading.Thread(
+                target=self._install_data_view, name="trainguard-kibana-setup", daemon=True
+            )
+            self._data_view_thread.start()
 
     @classmethod
     def from_url(
@@ -179,11 +214,13 @@ class ElasticsearchShipper(logging.Handler):
             self._thread.join(self._close_timeout)
         if not self._thread.is_alive():
             self._spool.close()
+        if self._data_view_thread is not None:
+            self._data_view_thread.join(self._close_timeout)
         super().close()
 
     # --- the shipping thread ----------------------------------------------------------------
     def _run(self) -> None:
-        if self._installer is not None and not self._install():
+        if self._installer is not None and not self._install_elasticsearch():
             return
         while True:
             entries = self._spool.read(self._batch_size, self._batch_bytes)
@@ -199,12 +236,12 @@ class ElasticsearchShipper(logging.Handler):
             with self._progress:
                 self._progress.notify_all()
 
-    def _install(self) -> bool:
+    def _install_elasticsearch(self) -> bool:
         assert self._installer is not None
         attempt = 0
         while True:
             try:
-                self._installer.install()
+                self._installer.install_elasticsearch()
                 return True
             except (ApiError, TransportError, InstallError) as error:
                 self.stats.last_error = f"install: {error}"
@@ -214,27 +251,84 @@ class ElasticsearchShipper(logging.Handler):
                 return False
             attempt += 1
 
-    def _sleep(self, attempt: int) -> bool:
-        """Back off before retry ``attempt``; False when the shipper is being torn down."""
-        delay = min(self._max_backoff, self._initial_backoff * 2**attempt)
-        self._abort.wait(delay * random.uniform(0.8, 1.2))
-        return not self._abort.is_set()
-
-    def _deliver(self, entries: list[Entry]) -> bool:
-        """Send until every entry is indexed, already present or dead-lettered."""
-        pending = {entry.id: entry for entry in entries}
+    def _install_data_view(self) -> None:
+        """Install the Kibana data view, retrying until Kibana answers or the shipper closes."""
+        assert self._installer is not None
         attempt = 0
         while True:
             try:
-                self._send(pending)
-            except TransportError as error:  # connection refused, reset, timed out
-                self.stats.last_error = str(error)
-            if not pending:
-                return True
-            self.stats.retries += 1
-            if not self._sleep(attempt):
-                return False
+                self._installer.install_data_view()
+                self.stats.data_view_installed = True
+                return
+            except InstallError as error:
+                self.stats.data_view_failures += 1
+                if self.stats.data_view_failures == 1:
+                    sys.stderr.write(
+                        f"trainguard: cannot install the Kibana data view ({error}); "
+                        "logs are shipped meanwhile, retrying in the background\n"
+                    )
+            if self._stopping.wait(self._delay(attempt)):
+                return
             attempt += 1
+
+    def _delay(self, attempt: int) -> float:
+        jitter = random.uniform(0.8, 1.2)
+        return backoff_delay(attempt, self._initial_backoff, self._max_backoff) * jitter
+
+    def _sleep(self, attempt: int) -> bool:
+        """Back off before retry ``attempt``; False when the shipper is being torn down."""
+        self._abort.wait(self._delay(attempt))
+        return not self._abort.is_set()
+
+    def _deliver(self, entries: list[Entry]) -> bool:
+        """Send until every entry is indexed, already present or dead-lettered; in order."""
+        parts = [entries]  # a stack: the part to send next is last
+        while parts:
+            pending = {entry.id: entry for entry in parts.pop()}
+            attempt = 0
+            while True:
+                try:
+                    request_error = self._send(pending)
+                except TransportError as error:  # connection refused, reset, timed out
+                    self.stats.last_error = str(error)
+                    request_error = None
+                if not pending:
+                    self._reported_refusal = None
+                    break
+                if request_error is not None and request_error.status_code == _TOO_LARGE:
+                    self._split_or_reject(pending, request_error, parts)
+                    break
+                if request_error is not None and _is_refusal(request_error.status_code):
+                    self._report_refusal(request_error)
+                self.stats.retries += 1
+                if not self._sleep(attempt):
+                    return False
+                attempt += 1
+        return True
+
+    def _split_or_reject(
+        self, pending: dict[str, Entry], refusal: ApiError, parts: list[list[Entry]]
+    ) -> None:
+        """After a 413: send the unresolved entries as two halves, or dead-letter a lone one."""
+        remaining = list(pending.values())
+        if len(remaining) == 1:
+            self._reject(remaining[0], _TOO_LARGE, str(refusal))
+            return
+        half = len(remaining) // 2
+        parts.extend([remaining[half:], remaining[:half]])
+        self.stats.splits += 1
+
+    def _report_refusal(self, refusal: ApiError) -> None:
+        """Count a whole-request 4xx; say so once per kind until a batch gets through again."""
+        self.stats.request_refusals += 1
+        if self._reported_refusal == refusal.status_code:
+            return
+        self._reported_refusal = refusal.status_code
+        sys.stderr.write(
+            f"trainguard: Elasticsearch refused the bulk request: {refusal}; check the "
+            "shipper's URL and its API key's privileges. The events stay in the spool "
+            f"{self._spool.directory} and are retried with backoff\n"
+        )
 
     def _actions(self, pending: dict[str, Entry]) -> Iterator[dict[str, Any]]:
         for entry in list(pending.values()):
@@ -251,8 +345,8 @@ class ElasticsearchShipper(logging.Handler):
                 "_source": source,
             }
 
-    def _send(self, pending: dict[str, Entry]) -> None:
-        """One bulk round; resolved entries leave ``pending``."""
+    def _send(self, pending: dict[str, Entry]) -> ApiError | None:
+        """One bulk round; resolved entries leave ``pending``. Returns a whole-request error."""
         results = streaming_bulk(
             self._client,
             self._actions(pending),
@@ -263,6 +357,7 @@ class ElasticsearchShipper(logging.Handler):
             max_retries=0,
             yield_ok=True,
         )
+        request_error: ApiError | None = None
         for ok, item in results:
             info = next(iter(item.values()))
             entry = pending.get(str(info.get("_id")))
@@ -276,10 +371,13 @@ class ElasticsearchShipper(logging.Handler):
             elif "exception" in info or status == 429 or status >= 500 or status == 0:
                 # The whole request failed, or this item may succeed later: keep it.
                 self.stats.last_error = str(info.get("error"))
+                if isinstance(info.get("exception"), ApiError):
+                    request_error = info["exception"]
                 continue
             else:
                 self._reject(entry, status, info.get("error"))
             del pending[entry.id]
+        return request_error
 
     def _reject(self, entry: Entry, status: int, error: Any) -> None:
         record = json.dumps(

@@ -100,6 +100,20 @@ def _inspect(cfg: DemoConfig, result: DemoResult, findings: dict[str, Any]) -> N
     findings["exemplar_trace_ids"] = {
         e["labels"][contract.EXEMPLAR_TRACE_ID] for series in exemplars for e in series["exemplars"]
     }
+    # The service attached a diagnose report to every action it carried out.
+    service = httpx.Client(
+        base_url=cfg.url("remediation"),
+        headers={"Authorization": f"Bearer {cfg.token_file.read_text().strip()}"},
+        timeout=10,
+    )
+    reports: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + 60  # each diagnosis runs on the service's own thread
+    for action in (a for a in result.actions if a["state"] in ("succeeded", "failed")):
+        while (answer := service.get(f"/v1/actions/{action['id']}/report")).status_code == 404:
+            assert time.monotonic() < deadline, f"no report for action {action['id']}"
+            time.sleep(0.5)
+        reports[action["action"]] = answer.json()
+    findings["action_reports"] = reports
 
 
 def _spans(cfg: DemoConfig) -> list[dict[str, Any]]:
@@ -152,6 +166,14 @@ def test_the_drill(tmp_path: Path) -> None:
     excluded = result.outcomes["straggler"].action
     assert excluded is not None and excluded["subject"] == DEMO_JOB_ID
     assert excluded["alert"]["labels"][contract.LABEL_NODE] == "node-b"
+    # The repairs took: node-b's agent left and node-a's ranks trained on at world size 2,
+    # started twice (after the exclusion and after the hang's restart), each time from a
+    # checkpoint rather than from step 0.
+    starts = [e for e in result.events if e["event"] == "start"]
+    on_two = [e for e in starts if e["world"] == 2]
+    assert len(on_two) >= 4, starts
+    assert all(e["node"] == "node-a" and e["resumed_from"] > 0 for e in on_two), starts
+    assert all(e["world"] == 2 for e in result.events if e["event"] == "finish")
 
     # The hang's dumps: torch's analyzer names the rank that never joined.
     (stall,) = sorted((cfg.dumps / DEMO_JOB_ID).glob("stall-*"))
@@ -206,6 +228,13 @@ def test_the_drill(tmp_path: Path) -> None:
     for chart in charts:
         png = cfg.workdir / "incident" / chart["path"]
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", chart
+
+    # Every action carries its diagnosis; the one for the hang names the rank that never joined.
+    reports = findings["action_reports"]
+    assert {"exclude_node", "restart_from_checkpoint", "split_micro_batches"} <= set(reports)
+    assert all(r["error"] is None and r["job_id"] == DEMO_JOB_ID for r in reports.values())
+    restart = reports["restart_from_checkpoint"]["report"]
+    assert "collective_stall" in {s["failure"] for s in restart["symptoms"]}, restart["symptoms"]
 
     # Every dashboard query has data, except series only real GPUs/NCCL produce.
     missing = [p for p in findings["empty_panels"] if not NEEDS_REAL_HARDWARE.search(p[2])]

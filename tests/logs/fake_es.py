@@ -2,8 +2,9 @@
 
 Enough of Elasticsearch for the shipper and the installer: ``_bulk`` (NDJSON action/source
 pairs; per-item results with their own status; ``create`` into data streams, 409 for an id that
-is already there), whole-request errors (429, 5xx) and dropped connections on demand, the ILM
-policy and index template APIs, and Kibana's data view API. Every response carries the
+is already there), whole-request errors (401/403, 429, 5xx) and dropped connections on demand,
+a request size limit answered 413 the way a proxy does (no product header, an HTML body), the ILM
+policy and index template APIs, and Kibana's data view API. Every other response carries the
 ``X-Elastic-Product: Elasticsearch`` header the official client checks.
 """
 
@@ -26,6 +27,8 @@ Behaviour = Any
 
 _ERROR_TYPES = {
     400: "mapper_parsing_exception",
+    401: "security_exception",
+    403: "security_exception",
     404: "index_not_found_exception",
     429: "es_rejected_execution_exception",
     500: "internal_server_error",
@@ -44,6 +47,8 @@ class State:
     templates: dict[str, dict[str, Any]] = field(default_factory=dict)
     data_views: dict[str, dict[str, Any]] = field(default_factory=dict)
     reject: Callable[[dict[str, Any]], int | None] | None = None
+    # Like Elasticsearch's http.max_content_length or a proxy's client_max_body_size.
+    max_bulk_bytes: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -107,6 +112,9 @@ class _Handler(BaseHTTPRequestHandler):
     # --- _bulk ----------------------------------------------------------------------------
     def _bulk(self, body: bytes) -> None:
         state = self.server.state
+        if state.max_bulk_bytes is not None and len(body) > state.max_bulk_bytes:
+            self._too_large()
+            return
         with state.lock:
             behaviour = state.script.popleft() if state.script else "ok"
         if behaviour == "drop":
@@ -169,6 +177,14 @@ class _Handler(BaseHTTPRequestHandler):
                     }
                 )
         self._send(200, {"took": 3, "errors": errors, "items": items})
+
+    def _too_large(self) -> None:
+        page = b"<html><head><title>413 Request Entity Too Large</title></head></html>\n"
+        self.send_response(413)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
 
     # --- ILM and templates ------------------------------------------------------------------
     @staticmethod

@@ -67,6 +67,16 @@ def test_unreachable_kibana_is_an_install_error(fake) -> None:
         installer(fake, kibana_url=stopped.url).install()
 
 
+def test_elasticsearch_side_installs_without_kibana(fake) -> None:
+    stopped = FakeElasticsearch().start()
+    stopped.stop()
+    setup = installer(fake, kibana_url=stopped.url)
+    assert setup.install_elasticsearch() == ["ilm_policy", "index_template"]
+    assert fake.count("GET", "/api/data_views") == 0
+    with pytest.raises(InstallError):
+        setup.install_data_view()
+
+
 def test_logs_setup_command_is_idempotent(fake, capsys) -> None:
     argv = ["logs-setup", "--elasticsearch", fake.url, "--kibana", fake.url, "--delete-after", "7d"]
     assert cli.main(argv) == 0

@@ -15,8 +15,8 @@ from elasticsearch import Elasticsearch
 
 from trainguard import contract
 from trainguard.events import log_event
-from trainguard.logs.install import ElasticsearchInstaller
-from trainguard.logs.shipper import DEAD_LETTER_FILE, ElasticsearchShipper
+from trainguard.logs.install import DATA_VIEW_ID, ElasticsearchInstaller
+from trainguard.logs.shipper import DEAD_LETTER_FILE, ElasticsearchShipper, backoff_delay
 from trainguard.logs.spool import CURSOR_FILE
 
 from .fake_es import FakeElasticsearch
@@ -76,6 +76,19 @@ def make_shipper(
 
 def messages(fake: FakeElasticsearch) -> list[str]:
     return [doc["message"] for doc in fake.docs(STREAM)]
+
+
+def bulk_requests(fake: FakeElasticsearch) -> int:
+    return fake.count("PUT", "/_bulk") + fake.count("POST", "/_bulk")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = DRAIN) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def test_events_reach_the_data_stream_in_order_as_ecs(fake, make_shipper, logger) -> None:
@@ -143,6 +156,7 @@ def test_429_5xx_and_dropped_connections_are_retried_without_loss(
     assert shipper.stats.shipped == 25
     assert shipper.stats.retries >= 5
     assert shipper.stats.rejected == 0
+    assert shipper.stats.request_refusals == 0  # 429/5xx are transient, not refusals
 
 
 def test_partial_failure_dead_letters_what_elasticsearch_refuses(
@@ -228,3 +242,85 @@ def test_the_clients_own_logging_is_not_shipped(fake, make_shipper, logger) -> N
         transport_logger.removeHandler(shipper)
         transport_logger.setLevel(previous)
     assert messages(fake) == ["one", "two"]
+
+
+def test_unreachable_kibana_does_not_hold_up_shipping_and_the_data_view_follows(
+    fake, make_shipper, logger, capsys
+) -> None:
+    kibana = FakeElasticsearch().start()
+    kibana.stop()
+    installer = ElasticsearchInstaller(
+        Elasticsearch(fake.url, max_retries=0), kibana_url=kibana.url
+    )
+    shipper = make_shipper(installer=installer)
+    try:
+        for i in range(10):
+            logger.info("kibana down %d", i)
+        assert shipper.drain(DRAIN)
+        assert messages(fake) == [f"kibana down {i}" for i in range(10)]
+        assert shipper.stats.shipped == 10
+        # What indexing needs was installed first, in Elasticsearch.
+        assert "logs-trainguard" in fake.state.policies
+        assert "logs-trainguard" in fake.state.templates
+        assert wait_until(lambda: shipper.stats.data_view_failures >= 2)
+        assert not shipper.stats.data_view_installed
+
+        kibana.start()  # same port
+        assert wait_until(lambda: DATA_VIEW_ID in kibana.state.data_views)
+        assert wait_until(lambda: shipper.stats.data_view_installed)
+    finally:
+        kibana.stop()
+    assert capsys.readouterr().err.count("cannot install the Kibana data view") == 1
+
+
+def test_a_request_too_large_is_split_and_a_lone_oversized_event_is_dead_lettered(
+    fake, make_shipper, logger, tmp_path
+) -> None:
+    fake.state.max_bulk_bytes = 4096
+    shipper = make_shipper()
+    expected = [f"small {i}" for i in range(20)]
+    for message in expected[:10]:
+        logger.info(message)
+    logger.info("huge %s", "x" * 8000)
+    for message in expected[10:]:
+        logger.info(message)
+    assert shipper.drain(DRAIN)
+    assert messages(fake) == expected
+    assert shipper.stats.splits > 0
+    assert shipper.stats.shipped == 20
+    assert shipper.stats.rejected == 1
+    (dead,) = [json.loads(line) for line in (tmp_path / "spool" / DEAD_LETTER_FILE).open()]
+    assert dead["status"] == 413
+    assert json.loads(dead["event"])["message"].startswith("huge xxx")
+
+
+def test_a_refused_request_keeps_the_events_spooled_reports_once_and_backs_off(
+    fake, make_shipper, logger, tmp_path, capsys
+) -> None:
+    fake.state.script.extend([("status", 401)] * 2 + [("status", 403)] * 1000)
+    shipper = make_shipper(max_backoff=0.1)
+    for i in range(10):
+        logger.info("refused %d", i)
+    time.sleep(0.8)
+    assert shipper.stats.shipped == 0
+    assert shipper.pending_bytes > 0
+    # Capped backoff, not a hot loop: about 0.1 s apart once the cap is reached.
+    assert 3 <= bulk_requests(fake) <= 20
+    assert shipper.stats.request_refusals == bulk_requests(fake)
+    err = capsys.readouterr().err
+    assert err.count("Elasticsearch refused the bulk request") == 2  # once per status
+    assert "401" in err and "403" in err
+
+    with fake.state.lock:  # the key is fixed
+        fake.state.script.clear()
+    assert shipper.drain(DRAIN)
+    assert messages(fake) == [f"refused {i}" for i in range(10)]
+    assert shipper.stats.rejected == 0
+    assert not (tmp_path / "spool" / DEAD_LETTER_FILE).exists()
+
+
+def test_backoff_stays_capped_after_a_very_long_outage() -> None:
+    assert backoff_delay(0, 0.5, 60.0) == 0.5
+    assert backoff_delay(3, 0.5, 60.0) == 4.0
+    # A day of retries at the cap: 2**attempt as a float would overflow.
+    assert backoff_delay(5000, 0.5, 60.0) == 60.0
