@@ -520,7 +520,9 @@ class Instrumentation:
             buckets=self._bucket_timer.take() if self._bucket_timer is not None else [],
         )
         self.clock.recent.append((end - self._previous_end) / 1e9)
-        self.clock.started_ns = 0
+        # The watchdog keeps watching between steps: a collective outside the step (a metric
+        # all-reduce, a checkpoint barrier) can hang as well.
+        self.clock.started_ns = end
         self.clock.step += 1
         self._previous_end = end
         self._forward_start = self._forward_end = self._forward_ns = self._data_ns = 0

@@ -1,7 +1,8 @@
 """The collective watchdog: notices a hang long before NCCL's own timeout, at no per-step cost.
 
-A daemon thread wakes every ``interval`` seconds and compares the age of the step in progress
-with how long recent steps took. Only when a step runs suspiciously long does it ask the
+A daemon thread wakes every ``interval`` seconds and compares the time since the last step
+ended (the step in progress, or whatever the training loop does between steps) with how long
+recent steps took. Only when that runs suspiciously long does it ask the
 Flight Recorder which collectives are pending and how old the oldest is; the gauges
 ``collective_inflight`` and ``collective_oldest_inflight_seconds`` report that (0 otherwise).
 When the oldest passes the stall threshold — ``max(floor, factor x slowest recent step)``, so
@@ -44,8 +45,9 @@ RECENT_STEPS = 32
 class StepClock:
     """What the training thread tells the watchdog: plain attribute stores, no locks.
 
-    ``started_ns`` is the ``perf_counter_ns`` at which the step in progress began (0 between
-    steps); ``recent`` holds the durations of the last steps in seconds.
+    ``started_ns`` is the ``perf_counter_ns`` since which the rank has not finished a step: the
+    end of the previous step, during a step and between steps alike (0 before the first step);
+    ``recent`` holds the durations of the last steps in seconds.
     """
 
     started_ns: int = 0

@@ -250,6 +250,39 @@ def hang(rank: int, world: int, out: Path, sleeper: int, sleep_s: float) -> dict
     }
 
 
+def hang_between_steps(rank: int, world: int, out: Path, sleep_s: float) -> dict[str, Any]:
+    """After step 3 every rank all-reduces a metric; rank 1 first sleeps ``sleep_s``."""
+    import torch.distributed as dist
+
+    events = _EventList()
+    logging.getLogger(EVENTS_LOGGER).addHandler(events)
+    logging.getLogger(EVENTS_LOGGER).setLevel(logging.INFO)
+    model = make_ddp(delay=0.01)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    handle = trainguard.instrument(
+        model,
+        optimizer,
+        job_id="job-between",
+        registry=CollectorRegistry(),
+        metrics_port=-1,
+        dump_dir=out / "dumps",
+        stall_floor_seconds=1.5,
+        stall_factor=3.0,
+        watchdog_interval_seconds=0.2,
+    )
+    for step in range(6):
+        optimizer.zero_grad()
+        loss = loss_of(model, batch(step, rank))
+        loss.backward()
+        optimizer.step()
+        if step == 3:
+            if rank == 1:
+                time.sleep(sleep_s)
+            dist.all_reduce(loss.detach().clone())  # outside any step
+    handle.uninstrument()
+    return {"events": [e for e in events.events if e["action"] == "collective_stalled"]}
+
+
 def oom_recovery(rank: int, world: int, out: Path, recovery: bool) -> dict[str, Any]:
     """Rank 0 cannot fit a 16-sample batch; compare gradients with an unsplit reference."""
     model = make_ddp(oom_above=8 if rank == 0 else None)

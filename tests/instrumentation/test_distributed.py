@@ -147,6 +147,14 @@ def test_a_sleeping_rank_is_caught_as_a_stall_and_named_by_the_dumps(
     assert not logging.getLogger(flight_recorder.ANALYZER_LOGGER).disabled
 
 
+def test_a_collective_hanging_between_steps_is_caught_too(tmp_path: Path) -> None:
+    rank0, rank1 = run_ranks(scenarios.hang_between_steps, 2, tmp_path, sleep_s=4.0)
+    (event,) = rank0["events"]
+    assert event["details"]["age_seconds"] > 1.5
+    assert "all_reduce" in event["details"]["collective"]
+    assert rank1["events"] == [], "the sleeping rank has nothing in flight"
+
+
 def test_oom_recovery_splits_the_step_and_keeps_the_gradients(tmp_path: Path) -> None:
     results = run_ranks(scenarios.oom_recovery, 2, tmp_path, recovery=True)
     for rank, result in enumerate(results):
