@@ -39,6 +39,16 @@ from .reducer import ReducerStats, parse_logging_data
 logger = logging.getLogger("trainguard.instrumentation")
 
 MAX_AWAITING = 3
+# Steps finished in a row without the reducer's timers before they are given up on (a torch
+# whose logging data no longer parses, or clocks that no longer match): room for sampling
+# every 32 steps.
+MAX_STEPS_WITHOUT_TIMERS = 64
+
+
+class ReducerTimersLostError(RuntimeError):
+    """DDP's reducer timers stopped matching steps; compute time falls back to wall clock."""
+
+
 _READ_REDUCER = "read-reducer"
 # Reducer timestamps further than this from our own clock are not trusted for span placement
 # (e.g. device-relative timestamps); the span is then anchored on the step's own timeline.
@@ -84,6 +94,7 @@ class StepWorker:
         self._awaiting: dict[int, StepRecord] = {}
         self._last_iteration = -1
         self._unmatched: ReducerStats | None = None
+        self._steps_without_timers = 0
         self._last_alloc_retries: int | None = None
         self._last_ooms: int | None = None
         if memory is not None:
@@ -160,12 +171,7 @@ class StepWorker:
             with self._errors.guard("memory"):
                 self._sample_memory()
         if self._read_reducer is None:
-            # No DDP timers (a plain module, or a torch without them): with no peers to wait
-            # on, the local work is the wall time of data + forward + backward.
-            m.compute_duration.observe(
-                _seconds(record.data_wait_ns + record.forward_ns + record.backward_ns)
-            )
-            self._finish(record, None)
+            self._finish_on_wall_clock(record)
             return
         self._awaiting[record.step] = record
         if self._unmatched is not None:
@@ -173,7 +179,35 @@ class StepWorker:
                 self._settle(self._unmatched)
         for step in sorted(self._awaiting):
             if step <= record.step - MAX_AWAITING:
+                self._steps_without_timers += 1
                 self._finish(self._awaiting.pop(step), None)
+        if self._steps_without_timers >= MAX_STEPS_WITHOUT_TIMERS:
+            self._give_up_timers()
+
+    def _give_up_timers(self) -> None:
+        """Stop waiting for timers that no longer come: from now on compute time is measured
+        like on a plain module (wall clock, which includes waiting on peers), and the loss of
+        the straggler signal is counted and logged instead of passing in silence."""
+        self._read_reducer = None
+        self._unmatched = None
+        self._errors.record(
+            "reducer_stats",
+            ReducerTimersLostError(
+                f"DDP's reducer timers matched no step for {self._steps_without_timers} steps; "
+                "compute time now falls back to wall-clock phases, which include waiting on "
+                "peers (is this torch newer than trainguard knows?)"
+            ),
+        )
+        for step in sorted(self._awaiting):
+            self._finish_on_wall_clock(self._awaiting.pop(step))
+
+    def _finish_on_wall_clock(self, record: StepRecord) -> None:
+        # No DDP timers (a plain module, a torch without them, timers given up on): the local
+        # work is the wall time of data + forward + backward (on DDP that includes the wait).
+        self._metrics.compute_duration.observe(
+            _seconds(record.data_wait_ns + record.forward_ns + record.backward_ns)
+        )
+        self._finish(record, None)
 
     def _read_timers(self) -> None:
         if self._read_reducer is None or not self._awaiting:
@@ -202,6 +236,7 @@ class StepWorker:
             self._unmatched = stats
             return
         self._unmatched = None
+        self._steps_without_timers = 0
         self._finish(self._awaiting.pop(owner.step), stats)
 
     def _observe_buckets(self, record: StepRecord, exemplar: dict[str, str]) -> None:

@@ -283,6 +283,35 @@ def hang_between_steps(rank: int, world: int, out: Path, sleep_s: float) -> dict
     return {"events": [e for e in events.events if e["action"] == "collective_stalled"]}
 
 
+def reducer_timers_lost(rank: int, world: int, out: Path, steps: int) -> dict[str, Any]:
+    """DDP whose logging data no longer has the keys trainguard reads (a future torch)."""
+    model = make_ddp()
+    model._get_ddp_logging_data = lambda: {"iteration": 1}  # type: ignore[method-assign]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    registry = CollectorRegistry()
+    handle = trainguard.instrument(
+        model, optimizer, job_id="job-lost", registry=registry, metrics_port=-1
+    )
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss_of(model, batch(step, rank)).backward()
+        optimizer.step()
+    handle.flush()
+    labels = labels_of(handle)
+    result = {
+        "compute_observed": value(
+            registry, "trainguard_step_compute_duration_seconds_count", labels
+        ),
+        "errors": value(
+            registry,
+            "trainguard_instrumentation_errors_total",
+            {**labels, "component": "reducer_stats"},
+        ),
+    }
+    handle.uninstrument()
+    return result
+
+
 def oom_recovery(rank: int, world: int, out: Path, recovery: bool) -> dict[str, Any]:
     """Rank 0 cannot fit a 16-sample batch; compare gradients with an unsplit reference."""
     model = make_ddp(oom_above=8 if rank == 0 else None)

@@ -13,6 +13,7 @@ import pytest
 
 from trainguard import contract
 from trainguard.instrumentation import flight_recorder, tracing
+from trainguard.instrumentation.worker import MAX_STEPS_WITHOUT_TIMERS
 
 from . import scenarios
 from .harness import run_ranks
@@ -153,6 +154,15 @@ def test_a_collective_hanging_between_steps_is_caught_too(tmp_path: Path) -> Non
     assert event["details"]["age_seconds"] > 1.5
     assert "all_reduce" in event["details"]["collective"]
     assert rank1["events"] == [], "the sleeping rank has nothing in flight"
+
+
+def test_lost_reducer_timers_are_counted_and_compute_falls_back_to_wall_clock(
+    tmp_path: Path,
+) -> None:
+    steps = 100
+    for result in run_ranks(scenarios.reducer_timers_lost, 2, tmp_path, steps=steps):
+        assert result["errors"] == 1, "counted (and logged) once"
+        assert result["compute_observed"] == steps - MAX_STEPS_WITHOUT_TIMERS
 
 
 def test_oom_recovery_splits_the_step_and_keeps_the_gradients(tmp_path: Path) -> None:
