@@ -1012,6 +1012,10 @@ class Diagnosis:
         after = statistics.median(v for _, v in median[-quarter:])
         if before <= 0 or after < JOB_SLOWDOWN_FACTOR * before:
             return
+        # Since when: the longest sustained run above the factor, not the last quarter's start.
+        slowed = _runs(
+            [(t, v >= JOB_SLOWDOWN_FACTOR * before) for t, v in median], _min_points(sig)
+        )
         sockets = [
             s.label(contract.LABEL_NODE)
             for s in sig.nccl_info
@@ -1023,7 +1027,7 @@ class Diagnosis:
                 f"Every rank slowed down together: median compute time {before:.3f} s -> "
                 f"{after:.3f} s",
                 [contract.REC_RANK_COMPUTE_MEAN],
-                median[-quarter][0],
+                slowed[0] if slowed else median[-quarter][0],
                 [r.rank for r in sig.ranks],
                 [],
                 2,

@@ -45,7 +45,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[History]:
         check=False,
     )
     assert made.returncode == 0, made.stderr
-    source.unlink()  # about 70 MB of text, no longer needed
+    source.unlink()  # about 85 MB of text, no longer needed
     config = root / "prometheus.yml"
     config.write_text(f"global:\n  evaluation_interval: 15s\nrule_files:\n  - {RULES_FILE}\n")
     port = free_port()

@@ -204,8 +204,10 @@ def gpus(
     per_node: int,
     throttled: Callable[[str, int, int], bool] = lambda n, g, i: False,
     xid: tuple[str, int, int, int] | None = None,
+    ecc: dict[tuple[str, int, str], tuple[int, float]] | None = None,
 ) -> None:
-    """Exporter series: temperature, throttle reasons, Xid counters per GPU of each node."""
+    """Exporter series: temperature, throttle reasons, Xid counters per GPU of each node, and
+    ECC counters where ``ecc`` maps (node, gpu, kind) to (from point, errors counted since)."""
     c = contract
     for node in nodes:
         for g in range(per_node):
@@ -225,6 +227,10 @@ def gpus(
                 if xid is not None and (node, g) == xid[:2]:
                     count = 1.0 if i >= xid[3] else 0.0
                     counter(s, c.GPU_XID_ERRORS, {**labels, c.LABEL_XID: str(xid[2])}, t, count)
+                for (ecc_node, ecc_gpu, kind), (since, errors) in (ecc or {}).items():
+                    if (node, g) == (ecc_node, ecc_gpu):
+                        count = errors if i >= since else 0.0
+                        counter(s, c.GPU_ECC_ERRORS, {**labels, c.LABEL_KIND: kind}, t, count)
 
 
 def slow(factor: float, phase: str, ranks: set[int], from_point: int) -> Phases:
@@ -251,6 +257,40 @@ def fragmenting(oom_rank: int, oom_at: int) -> Callable[[Rank, int], tuple[float
     return memory
 
 
+def scaled(factor: float, phase: str, from_point: int = 0) -> Phases:
+    """Every rank's ``phase`` takes ``factor`` times as long from ``from_point`` on."""
+
+    def phases(rank: Rank, i: int) -> dict[str, float]:
+        p = dict(BASE)
+        if i >= from_point:
+            p[phase] *= factor
+        return p
+
+    return phases
+
+
+def steady(
+    allocated_gib: float, reserved_gib: float
+) -> Callable[[Rank, int], tuple[float, float, float]]:
+    """Flat memory on every rank of an 80 GiB GPU."""
+
+    def memory(rank: Rank, i: int) -> tuple[float, float, float]:
+        return allocated_gib * GIB, reserved_gib * GIB, 80 * GIB
+
+    return memory
+
+
+def growing(rank_grows: int) -> Callable[[Rank, int], tuple[float, float, float]]:
+    """Allocated on ``rank_grows`` climbs from 30 GiB at the start to 60 GiB at point 200 (a
+    leak: tensors kept across steps), with reserved just above it; other ranks stay at 30."""
+
+    def memory(rank: Rank, i: int) -> tuple[float, float, float]:
+        allocated = 30 + (30 * i / 200 if rank.rank == rank_grows else 0.0)
+        return allocated * GIB, (allocated + 2) * GIB, 80 * GIB
+
+    return memory
+
+
 # The jobs of the synthetic history (job id -> what is injected).
 STRAGGLER_RANK = "strag-rank"  # rank 5 forward 2.2x from minute 20
 STRAGGLER_NODE = "strag-node"  # every rank of node sn-b backward 1.5x; no GPU fault
@@ -259,7 +299,14 @@ OOM_FRAG = "oom-frag"  # rank 1 OOMs with reserved-but-unallocated memory and re
 XID = "xid"  # Xid 79 on GPU 2 of node xi-b; rank 6 dies, the others hang
 HANG = "job-hang"  # rank 2 never joins (the job id of the real gloo run's dumps)
 RECORDED = "recorded-only"  # history only as recording-rule series: rank 2 slow
+DATA_BOUND = "data-bound"  # every rank waits 0.3 s per step for data (step ~0.68 s)
+JOB_SLOW = "job-slow"  # every rank's backward 2x from point JOB_SLOW_FROM
+OOM_GROWTH = "oom-growth"  # rank 1's allocated memory grows 30 -> 60 GiB, then it OOMs
+OOM_NO_FIT = "oom-no-fit"  # allocated 74 of 80 GiB from the start; rank 1 then rank 0 OOM
+OOM_UNEXPLAINED = "oom-unexplained"  # OOM at 40 of 80 GiB, no fragmentation or growth
+ECC = "ecc"  # 2 uncorrectable ECC errors on GPU 0 of node ec-b; corrected ones on ec-a
 HEALTHY = "healthy"
+JOB_SLOW_FROM = 120
 
 
 def history(t0: float) -> str:
@@ -298,6 +345,49 @@ def history(t0: float) -> str:
     gpus(s, t0, ["xi-a", "xi-b"], 4, xid=("xi-b", 2, 79, 150))
     simulate(Job(HANG, layout("hg", 1, 3), hang_from=200, laggard=2, grad_sync_tail=True), s, t0)
     simulate(Job(HEALTHY, layout("ok", 1, 2)), s, t0)
+    simulate(Job(DATA_BOUND, layout("db", 2, 1), scaled(30.0, "data")), s, t0)
+    simulate(Job(JOB_SLOW, layout("js", 2, 1), scaled(2.0, "backward", JOB_SLOW_FROM)), s, t0)
+    simulate(
+        Job(
+            OOM_GROWTH,
+            layout("og", 1, 2),
+            memory=growing(1),
+            oom_at={1: 200},
+            alive_until=lambda r: 200,
+        ),
+        s,
+        t0,
+    )
+    simulate(
+        Job(
+            OOM_NO_FIT,
+            layout("nf", 1, 2),
+            memory=steady(74, 76),
+            oom_at={1: 60, 0: 62},
+            alive_until=lambda r: 62 if r.rank == 0 else 60,
+        ),
+        s,
+        t0,
+    )
+    simulate(
+        Job(
+            OOM_UNEXPLAINED,
+            layout("ou", 1, 1),
+            memory=steady(40, 42),
+            oom_at={0: 100},
+            alive_until=lambda r: 100,
+        ),
+        s,
+        t0,
+    )
+    simulate(Job(ECC, layout("ec", 2, 1)), s, t0)
+    gpus(
+        s,
+        t0,
+        ["ec-a", "ec-b"],
+        1,
+        ecc={("ec-b", 0, "uncorrected"): (150, 2.0), ("ec-a", 0, "corrected"): (50, 7.0)},
+    )
     for r in layout("rc", 1, 4):
         for i in range(POINTS):
             value = 0.45 if r.rank == 2 and i >= 60 else 0.3

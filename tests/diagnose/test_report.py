@@ -116,6 +116,130 @@ def test_oom_with_fragmentation_advises_expandable_segments(
     assert reserved_before > 0.95 * 80 * synthetic.GIB
 
 
+def test_data_wait_on_every_rank_is_a_job_wide_data_loader_bound(
+    history: History, tmp_path: Path
+) -> None:
+    report = run(history, synthetic.DATA_BOUND, tmp_path)
+    assert [s.failure for s in report.symptoms] == [Failure.DATALOADER_BOUND]
+    assert report.scope.level is ScopeLevel.JOB
+    assert report.scope.ranks == [0, 1]
+    assert "every rank waits for data" in report.scope.explanation
+    (top,) = report.candidates
+    assert top.cause == "data_loading"
+    assert top.facts["ranks"] == [0, 1]
+    assert any("num_workers" in a and "pin_memory=True" in a for a in top.do_now)
+    # Charts: both ranks compute 0.3 s data + 0.1 s forward + 0.2 s backward per step.
+    heat = chart(report, HEATMAP)
+    assert heat["ranks"] == [0, 1]
+    assert all(row[-1] == pytest.approx(0.6, rel=0.02) for row in heat["values"])
+    phases = chart(report, PHASES)
+    data = phases["phases"].index("data")
+    assert phases["worst"][data] == pytest.approx(0.3, rel=0.02)
+    assert phases["median"][data] == pytest.approx(0.3, rel=0.02)
+
+
+def test_every_rank_slowing_together_is_a_job_wide_slowdown(
+    history: History, tmp_path: Path
+) -> None:
+    report = run(history, synthetic.JOB_SLOW, tmp_path)
+    assert [s.failure for s in report.symptoms] == [Failure.JOB_SLOWDOWN]
+    assert report.scope.level is ScopeLevel.JOB
+    assert report.scope.ranks == [0, 1]
+    assert report.scope.explanation == "all ranks at once: data, storage, network or the code"
+    onset = history.now - 3600 + synthetic.JOB_SLOW_FROM * synthetic.INTERVAL
+    # The 5-minute means cross 1.3x the earlier median within the first minutes of the onset.
+    since = report.symptoms[0].since
+    assert since is not None and onset <= since <= onset + 300
+    (top,) = report.candidates
+    assert top.cause == "shared_dependency"
+    assert top.facts["before"] == pytest.approx(0.31, rel=0.02)
+    assert top.facts["after"] == pytest.approx(0.51, rel=0.02)
+    assert any("shared file system and network" in a for a in top.do_now)
+    assert "job:trainguard_steps:rate5m" in top.prevention[0]
+    heat = chart(report, HEATMAP)
+    assert heat["ranks"] == [0, 1]
+    for row in heat["values"]:
+        before = [v for t, v in zip(heat["times"], row, strict=True) if v is not None and t < onset]
+        assert before[-1] == pytest.approx(0.31, rel=0.02)
+        assert row[-1] == pytest.approx(0.51, rel=0.02)
+
+
+def test_oom_after_steady_growth_blames_the_growing_rank(history: History, tmp_path: Path) -> None:
+    report = run(history, synthetic.OOM_GROWTH, tmp_path)
+    assert report.failure is Failure.OOM
+    assert (report.scope.level, report.scope.ranks, report.scope.nodes) == (
+        ScopeLevel.RANK,
+        [1],
+        ["og-a"],
+    )
+    assert causes(report) == ["memory_growth"]
+    top = report.candidates[0]
+    assert top.facts["rank"] == 1
+    # Allocated climbs 0.15 GiB per point: about 59.7 GiB just before the OOM at point 200,
+    # 42 GiB half an hour earlier.
+    assert top.facts["allocated_bytes"] == pytest.approx(59.7 * synthetic.GIB, rel=0.01)
+    assert any("allocated grew 1.4" in line for line in top.evidence)
+    assert any("tensors kept across steps" in advice for advice in top.do_now)
+    assert any("TrainingOOMRisk" in advice for advice in top.prevention)
+    memory = chart(report, MEMORY)
+    assert memory["rank"] == 1
+    (oom_time,) = memory["oom_times"]
+    assert oom_time == pytest.approx(history.now - 3600 + 200 * synthetic.INTERVAL, abs=20)
+    allocated = [v for t, v in memory["series"]["allocated"] if v is not None and t < oom_time]
+    assert allocated == sorted(allocated)
+    assert allocated[0] == pytest.approx(30 * synthetic.GIB, rel=0.01)
+    assert allocated[-1] == pytest.approx(59.7 * synthetic.GIB, rel=0.01)
+
+
+def test_oom_near_capacity_on_every_rank_does_not_fit(history: History, tmp_path: Path) -> None:
+    report = run(history, synthetic.OOM_NO_FIT, tmp_path)
+    assert report.failure is Failure.OOM
+    assert (report.scope.level, report.scope.ranks) == (ScopeLevel.JOB, [0, 1])
+    assert "do not fit this GPU" in report.scope.explanation
+    assert causes(report) == ["does_not_fit"]
+    top = report.candidates[0]
+    assert top.facts["rank"] == 1  # the first rank to fail
+    assert top.facts["allocated_bytes"] == pytest.approx(74 * synthetic.GIB)
+    assert top.facts["capacity_bytes"] == pytest.approx(80 * synthetic.GIB)
+    assert any("allocated 74.0 GiB, reserved 76.0 GiB of 80.0 GiB" in e for e in top.evidence)
+    assert any("gradient accumulation" in advice for advice in top.do_now)
+    assert any("activation checkpointing" in advice for advice in top.prevention)
+    memory = chart(report, MEMORY)
+    assert memory["rank"] == 1
+    (oom_time,) = memory["oom_times"]
+    assert oom_time == pytest.approx(history.now - 3600 + 60 * synthetic.INTERVAL, abs=20)
+    assert {v for _, v in memory["series"]["allocated"] if v is not None} == {74 * synthetic.GIB}
+
+
+def test_oom_the_memory_series_do_not_explain_says_so(history: History, tmp_path: Path) -> None:
+    report = run(history, synthetic.OOM_UNEXPLAINED, tmp_path)
+    assert report.failure is Failure.OOM
+    assert (report.scope.level, report.scope.ranks) == (ScopeLevel.RANK, [0])
+    (top,) = report.candidates
+    assert top.cause == "oom_unexplained"
+    assert top.facts["allocated_bytes"] == pytest.approx(40 * synthetic.GIB)
+    assert any("smaller micro-batch" in advice for advice in top.do_now)
+    assert any("_record_memory_history" in advice for advice in top.prevention)
+    assert chart(report, MEMORY)["rank"] == 0
+
+
+def test_uncorrectable_ecc_errors_drain_that_gpu_s_node(history: History, tmp_path: Path) -> None:
+    report = run(history, synthetic.ECC, tmp_path)
+    # Corrected errors on ec-a are not a fault.
+    assert [s.failure for s in report.symptoms] == [Failure.GPU_HARDWARE]
+    assert report.symptoms[0].summary == "2 uncorrectable ECC error(s) on GPU 0 of node ec-b"
+    onset = history.now - 3600 + 150 * synthetic.INTERVAL
+    assert report.symptoms[0].since == pytest.approx(onset, abs=20)
+    assert report.scope.level is ScopeLevel.NODE
+    assert (report.scope.nodes, report.scope.gpus, report.scope.ranks) == (["ec-b"], ["0"], [1])
+    (top,) = report.candidates
+    assert top.cause == "gpu_ecc_uncorrectable"
+    assert top.facts == {"node": "ec-b", "gpu": "0"}
+    assert any("Drain node ec-b" in advice for advice in top.do_now)
+    assert any("dcgmi diag -r 3" in advice for advice in top.prevention)
+    assert chart(report, HEATMAP)["ranks"] == [0, 1]
+
+
 def test_xid_79_drains_the_node_of_the_dead_rank(history: History, tmp_path: Path) -> None:
     report = run(history, synthetic.XID, tmp_path)
     assert report.failure is Failure.GPU_HARDWARE
