@@ -109,6 +109,7 @@ class Instrumentation:
         self._span_exporter = span_exporter
         self._bucket_timer: BucketTimer | None = None
         self._tracer_provider: TracerProvider | None = None
+        self._exporter_logs: tracing.ExporterLogLimiter | None = None
         self._endpoint: MetricsEndpoint | None = None
         self._watchdog: CollectiveWatchdog | None = None
         self._wrapped_forward_ref: Callable[..., Any] | None = None
@@ -228,6 +229,9 @@ class Instrumentation:
         if self._tracer_provider is not None:
             with self.errors.guard("tracing"):
                 self._tracer_provider.shutdown()
+        if self._exporter_logs is not None:
+            self._exporter_logs.detach()
+            self._exporter_logs = None
         if self._endpoint is not None:
             with self.errors.guard("metrics_server"):
                 self._endpoint.close()
@@ -337,7 +341,10 @@ class Instrumentation:
                     },
                     exporter,
                     self.metrics.spans_dropped,
+                    lambda error: self.errors.record("tracing", error),
                 )
+                self._exporter_logs = tracing.ExporterLogLimiter()
+                self._exporter_logs.attach()
         memory = None
         with self.errors.guard("memory"):
             memory = MemorySampler(self.device)

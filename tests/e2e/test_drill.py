@@ -166,12 +166,12 @@ def test_the_drill(tmp_path: Path) -> None:
     excluded = result.outcomes["straggler"].action
     assert excluded is not None and excluded["subject"] == DEMO_JOB_ID
     assert excluded["alert"]["labels"][contract.LABEL_NODE] == "node-b"
-    # The repairs took: node-b's agent left and node-a's ranks trained on at world size 2,
-    # started twice (after the exclusion and after the hang's restart), each time from a
-    # checkpoint rather than from step 0.
+    # The repairs took: node-b's agent left and node-a trained on at world size 2, started
+    # twice (after the exclusion and after the hang's restart; rank 0 writes the events), each
+    # time from a checkpoint rather than from step 0.
     starts = [e for e in result.events if e["event"] == "start"]
     on_two = [e for e in starts if e["world"] == 2]
-    assert len(on_two) >= 4, starts
+    assert len(on_two) >= 2, starts
     assert all(e["node"] == "node-a" and e["resumed_from"] > 0 for e in on_two), starts
     assert all(e["world"] == 2 for e in result.events if e["event"] == "finish")
 

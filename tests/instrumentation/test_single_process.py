@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -14,14 +15,15 @@ from typing import Any
 import pytest
 import torch
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from torch import nn
 
 import trainguard
 from trainguard import contract
 from trainguard.events import EVENTS_LOGGER
-from trainguard.instrumentation import flight_recorder
+from trainguard.instrumentation import flight_recorder, tracing
 from trainguard.instrumentation.config import Identity
 from trainguard.instrumentation.errors import ErrorBudget
 from trainguard.instrumentation.metrics import RankMetrics
@@ -445,3 +447,114 @@ def test_logs_of_a_step_carry_its_trace_and_this_rank_s_span(tmp_path: Path) -> 
         assert record["trace"]["id"] == f"{rank_spans[step].trace_id:032x}"
         assert record["span"]["id"] == f"{rank_spans[step].span_id:016x}"
     assert "trace" not in records[3] and "span" not in records[3]
+
+
+class ExportCounter(SpanExporter):
+    """Passes spans on to ``inner``, counting those it exported."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.exported = 0
+
+    def export(self, spans: Any) -> SpanExportResult:
+        result = self.inner.export(spans)
+        if result is SpanExportResult.SUCCESS:
+            self.exported += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+def record_every_span(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
+    """Every span the hook's tracer provider makes, exported or not."""
+    made = InMemorySpanExporter()
+    build = tracing.build_provider
+
+    def build_and_record(*args: Any, **kwargs: Any) -> Any:
+        provider, ids = build(*args, **kwargs)
+        provider.add_span_processor(SimpleSpanProcessor(made))
+        return provider, ids
+
+    monkeypatch.setattr(tracing, "build_provider", build_and_record)
+    return made
+
+
+def test_an_unreachable_otlp_endpoint_counts_every_span_and_logs_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(tracing, "MAX_QUEUED_SPANS", 16)
+    made = record_every_span(monkeypatch)
+    otlp = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{free_port()}/v1/traces", timeout=2)
+    exporter = ExportCounter(otlp)
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = instrument(
+        model, optimizer, registry=(registry := CollectorRegistry()), span_exporter=exporter
+    )
+    with caplog.at_level(logging.DEBUG, logger=tracing.OTLP_EXPORTER_LOGGERS):
+        for _ in range(3):  # several exports, each retried, fail meanwhile
+            run_steps(model, optimizer, 40)
+            handle.flush()
+            time.sleep(1)
+        run_steps(model, optimizer, 40)  # spans queued behind an export that is retrying
+        handle.flush()
+        started = time.monotonic()
+        handle.uninstrument()
+        uninstrument_seconds = time.monotonic() - started
+    spans = len(made.get_finished_spans())
+    assert spans >= 160 > 2 * tracing.MAX_QUEUED_SPANS, "the queue overflowed"
+    assert sample(registry, "trainguard_spans_dropped_total") == spans - exporter.exported
+    assert uninstrument_seconds < 3
+    errors = "trainguard_instrumentation_errors_total"
+    assert sample(registry, errors, component="tracing") >= 1, "failed exports are counted"
+    otlp_lines = [r.msg for r in caplog.records if r.name.startswith(tracing.OTLP_EXPORTER_LOGGERS)]
+    assert otlp_lines, "the first failure of each kind is still logged"
+    assert len(otlp_lines) == len(set(otlp_lines)), f"one line per kind: {otlp_lines}"
+    assert not [
+        name
+        for name, existing in logging.Logger.manager.loggerDict.items()
+        if isinstance(existing, logging.Logger)
+        and any(isinstance(f, tracing.ExporterLogLimiter) for f in existing.filters)
+    ], "uninstrument removes the log filter"
+
+
+class HangingExporter(SpanExporter):
+    """An exporter whose export blocks until released, ignoring shutdown."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def export(self, spans: Any) -> SpanExportResult:
+        self.release.wait(30)
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        return None
+
+
+def test_uninstrument_is_bounded_when_an_export_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracing, "MAX_QUEUED_SPANS", 16)
+    made = record_every_span(monkeypatch)
+    exporter = HangingExporter()
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = instrument(
+        model, optimizer, registry=(registry := CollectorRegistry()), span_exporter=exporter
+    )
+    run_steps(model, optimizer, 20)
+    handle.flush()
+    time.sleep(1.5)  # the first batch is taken and hangs in export
+    started = time.monotonic()
+    handle.uninstrument()
+    assert time.monotonic() - started < 3
+    exporter.release.set()
+    spans = len(made.get_finished_spans())
+    assert spans >= 100 > tracing.MAX_QUEUED_SPANS, "the queue overflowed"
+    deadline = time.monotonic() + 10
+    while (
+        sample(registry, "trainguard_spans_dropped_total") < spans and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    # The hung batch is counted when its export finally fails, the rest at shutdown.
+    assert sample(registry, "trainguard_spans_dropped_total") == spans
