@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
@@ -107,20 +108,31 @@ class InstrumentationConfig:
     start_step: int = 0
     remediation_url: str | None = None
 
-    def resolve_identity(self, world_size: int, rank: int | None) -> Identity:
+    def resolve_identity(
+        self,
+        world_size: int,
+        rank: int | None,
+        *,
+        agree_job_id: Callable[[str], str] | None = None,
+        device_index: int | None = None,
+    ) -> Identity:
+        """Who this rank is. Without a job id from the arguments or the environment, a random
+        one is proposed and ``agree_job_id`` (the ranks' shared store) makes every rank use
+        rank 0's. Without ``LOCAL_RANK`` (no torchrun) the local rank is the CUDA device index,
+        else the global rank, so ranks on one host still differ."""
         env = os.environ
-        job_id = (
-            self.job_id
-            or env.get(contract.ENV_JOB_ID)
-            or env.get("TORCHELASTIC_RUN_ID")
-            or f"job-{uuid.uuid4().hex[:8]}"
-        )
         resolved_rank = self.rank if self.rank is not None else rank
         if resolved_rank is None:
             resolved_rank = int(env.get("RANK", "0"))
+        job_id = self.job_id or env.get(contract.ENV_JOB_ID) or env.get("TORCHELASTIC_RUN_ID")
+        if not job_id:
+            proposal = f"job-{uuid.uuid4().hex[:8]}"
+            job_id = agree_job_id(proposal) if agree_job_id is not None else proposal
         local_rank = self.local_rank
+        if local_rank is None and "LOCAL_RANK" in env:
+            local_rank = int(env["LOCAL_RANK"])
         if local_rank is None:
-            local_rank = int(env.get("LOCAL_RANK", "0"))
+            local_rank = device_index if device_index is not None else resolved_rank
         node = self.node or env.get(contract.ENV_NODE) or socket.gethostname()
         return Identity(
             job_id=job_id,

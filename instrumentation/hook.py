@@ -64,6 +64,32 @@ def _default_store() -> Any | None:
         return None
 
 
+JOB_ID_STORE_KEY = "trainguard/job_id"
+# How long a rank waits for rank 0's job id in the store before going on with its own.
+JOB_ID_WAIT_SECONDS = 30.0
+
+
+def _job_id_from_rank0(store: Any, rank: int) -> Callable[[str], str]:
+    """Every rank takes rank 0's proposed job id, so their traces and series are one job."""
+
+    def agree(proposal: str) -> str:
+        if rank == 0:
+            store.set(JOB_ID_STORE_KEY, proposal)
+            return proposal
+        try:
+            store.wait([JOB_ID_STORE_KEY], datetime.timedelta(seconds=JOB_ID_WAIT_SECONDS))
+            return str(store.get(JOB_ID_STORE_KEY).decode())
+        except Exception as error:  # rank 0 never instrumented: stay on, under our own id
+            logger.warning(
+                "trainguard: no job id from rank 0 (%s); set %s to name the job",
+                error,
+                contract.ENV_JOB_ID,
+            )
+            return proposal
+
+    return agree
+
+
 class Instrumentation:
     """The handle :func:`instrument` returns; :meth:`uninstrument` undoes everything."""
 
@@ -84,16 +110,21 @@ class Instrumentation:
         self.config = config
         distributed = dist.is_available() and dist.is_initialized()
         self.backend = str(dist.get_backend()) if distributed else "none"
+        self.device = self._device_of(model)
+        store = _default_store() if distributed else None
         self.identity: Identity = config.resolve_identity(
             world_size=dist.get_world_size() if distributed else 1,
             rank=dist.get_rank() if distributed else None,
+            agree_job_id=(
+                _job_id_from_rank0(store, dist.get_rank()) if store is not None else None
+            ),
+            device_index=self.device.index if self.device.type == "cuda" else None,
         )
         labels = self.identity.labels()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = RankMetrics(self.registry, labels)
         self.errors = ErrorBudget(self.metrics.instrumentation_errors, labels)
         self.ddp = model if isinstance(model, DistributedDataParallel) else None
-        self.device = self._device_of(model)
         self.metrics.rank_info.info(
             {
                 contract.LABEL_BACKEND: self.backend,

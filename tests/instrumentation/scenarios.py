@@ -312,6 +312,19 @@ def reducer_timers_lost(rank: int, world: int, out: Path, steps: int) -> dict[st
     return result
 
 
+def without_launcher_env(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """No job id and no LOCAL_RANK in the environment: a job started without torchrun."""
+    import os
+
+    for name in ("LOCAL_RANK", contract.ENV_JOB_ID, "TORCHELASTIC_RUN_ID"):
+        os.environ.pop(name, None)
+    model = make_ddp()
+    handle = trainguard.instrument(model, registry=CollectorRegistry(), metrics_port=-1)
+    identity = handle.identity
+    handle.uninstrument()
+    return {"job_id": identity.job_id, "local_rank": identity.local_rank}
+
+
 def oom_recovery(rank: int, world: int, out: Path, recovery: bool) -> dict[str, Any]:
     """Rank 0 cannot fit a 16-sample batch; compare gradients with an unsplit reference."""
     model = make_ddp(oom_above=8 if rank == 0 else None)

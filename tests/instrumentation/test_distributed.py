@@ -165,6 +165,15 @@ def test_lost_reducer_timers_are_counted_and_compute_falls_back_to_wall_clock(
         assert result["compute_observed"] == steps - MAX_STEPS_WITHOUT_TIMERS
 
 
+def test_without_torchrun_the_ranks_share_rank_0_s_job_id_and_differ_in_local_rank(
+    tmp_path: Path,
+) -> None:
+    results = run_ranks(scenarios.without_launcher_env, 3, tmp_path)
+    job_ids = {r["job_id"] for r in results}
+    assert len(job_ids) == 1 and job_ids.pop().startswith("job-")
+    assert [r["local_rank"] for r in results] == [0, 1, 2]
+
+
 def test_oom_recovery_splits_the_step_and_keeps_the_gradients(tmp_path: Path) -> None:
     results = run_ranks(scenarios.oom_recovery, 2, tmp_path, recovery=True)
     for rank, result in enumerate(results):

@@ -26,6 +26,7 @@ from trainguard.events import EVENTS_LOGGER
 from trainguard.instrumentation import flight_recorder, tracing
 from trainguard.instrumentation.config import Identity
 from trainguard.instrumentation.errors import ErrorBudget
+from trainguard.instrumentation.hook import _job_id_from_rank0
 from trainguard.instrumentation.metrics import RankMetrics
 from trainguard.instrumentation.watchdog import CollectiveWatchdog, StepClock
 from trainguard.logs import configure_logging
@@ -558,3 +559,24 @@ def test_uninstrument_is_bounded_when_an_export_hangs(monkeypatch: pytest.Monkey
         time.sleep(0.05)
     # The hung batch is counted when its export finally fails, the rest at shutdown.
     assert sample(registry, "trainguard_spans_dropped_total") == spans
+
+
+class SilentStore:
+    """A store in which rank 0 never writes."""
+
+    def set(self, key: str, value: str) -> None:
+        raise AssertionError("only rank 0 writes")
+
+    def wait(self, keys: list[str], timeout: Any) -> None:
+        raise TimeoutError(f"{keys} not set within {timeout}")
+
+    def get(self, key: str) -> bytes:
+        raise AssertionError("not reached")
+
+
+def test_a_rank_that_gets_no_job_id_from_rank_0_goes_on_with_its_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    agree = _job_id_from_rank0(SilentStore(), rank=3)
+    assert agree("job-mine") == "job-mine"
+    assert contract.ENV_JOB_ID in caplog.text
