@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0 and (step % args.checkpoint_every == 0 or checkpoint_requested.is_set()):
             checkpoints.save(model.module, optimizer, step)
             checkpoint_requested.clear()
+            handle.record_checkpoint(checkpoints.path)
             events.write("checkpoint", step=step)
     if rank == 0:
         checkpoints.save(model.module, optimizer, step)

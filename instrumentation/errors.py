@@ -3,7 +3,8 @@
 Every piece of instrumentation code that runs on behalf of training goes through
 :class:`ErrorBudget`: a failure is caught, counted in
 ``trainguard_instrumentation_errors_total{component}`` and logged once per
-(component, exception type), so a broken exporter cannot flood the training log either.
+(component, exception type) as an ``instrumentation_error`` event (the traceback at DEBUG), so
+a broken exporter cannot flood the training log either.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import ParamSpec, TypeVar
 from prometheus_client import Counter
 
 from trainguard import contract
+from trainguard.events import log_event
 
 logger = logging.getLogger("trainguard.instrumentation")
 
@@ -29,6 +31,7 @@ R = TypeVar("R")
 COMPONENTS = (
     "bucket_timer",
     "collective_progress",
+    "events",
     "file_sd",
     "flight_recorder_dump",
     "memory",
@@ -42,6 +45,10 @@ COMPONENTS = (
     "watchdog_store",
     "worker",
 )
+
+
+def _int_or_none(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
 
 
 class ErrorBudget:
@@ -64,15 +71,18 @@ class ErrorBudget:
                 first = key not in self._logged
                 self._logged.add(key)
             if first:
-                logger.warning(
-                    "trainguard %s failed (training continues; further %s errors are only "
-                    "counted in %s): %r",
-                    component,
-                    type(error).__name__,
-                    contract.INSTRUMENTATION_ERRORS.name,
-                    error,
-                    exc_info=error,
+                log_event(
+                    f"trainguard {component} failed (training continues; further "
+                    f"{type(error).__name__} errors are only counted in "
+                    f"{contract.INSTRUMENTATION_ERRORS.name}): {error!r}",
+                    contract.EventKind.INSTRUMENTATION_ERROR,
+                    job_id=self._identity.get(contract.LABEL_JOB_ID),
+                    rank=_int_or_none(self._identity.get(contract.LABEL_RANK)),
+                    node=self._identity.get(contract.LABEL_NODE),
+                    outcome=contract.EventOutcome.FAILURE,
+                    details={"component": component, "error": type(error).__name__},
                 )
+                logger.debug("trainguard %s failure", component, exc_info=error)
         except Exception:
             return
 

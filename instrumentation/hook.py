@@ -195,6 +195,23 @@ class Instrumentation:
         """The trace id (hex) of ``step``: the same on every rank."""
         return tracing.format_trace_id(tracing.trace_id_for(self.identity.job_id, step))
 
+    def record_checkpoint(self, path: str | os.PathLike[str], *, step: int | None = None) -> None:
+        """Log a ``checkpoint`` event: the training loop saved a checkpoint of ``step`` (by
+        default the last finished one) to ``path``, so restarts and their MTTR can be read
+        against the checkpoints in the logs."""
+        saved = self.clock.step - 1 if step is None else step
+        with self.errors.guard("events"):
+            log_event(
+                f"checkpoint of step {saved} saved to {path}",
+                contract.EventKind.CHECKPOINT,
+                level=logging.INFO,
+                **self.identity.event_fields(),
+                step=saved,
+                trace_id=self.trace_id(saved),
+                outcome=contract.EventOutcome.SUCCESS,
+                details={"path": os.fspath(path)},
+            )
+
     def log_trace_ids(self) -> tuple[str, str]:
         """The trace and span ids that records logged now carry: this rank's span of the step
         in progress (``trainguard.correlation``; the ECS logging filter reads them)."""
@@ -295,6 +312,7 @@ class Instrumentation:
         total = batch_size(batch)
         if total == 0:
             raise ValueError("guarded_step needs a batch with a tensor that has a batch dim")
+        retried = False
         while True:
             micro_batches = split_batch(batch, self._split)
             failed: BaseException | None = None
@@ -331,11 +349,23 @@ class Instrumentation:
                     )
                 self._split = min(self.config.oom_split_max, self._split * 2)
                 logger.warning("trainguard: retrying the step in %d micro-batches", self._split)
+                retried = True
                 continue
             assert ready is not None
             ready.backward()
-            if self._split > 1:
+            if retried:
                 self.metrics.oom_recoveries.inc()
+                log_event(
+                    f"step {self.clock.step} recovered from an out-of-memory error in "
+                    f"{self._split} micro-batches (later steps keep that split)",
+                    contract.EventKind.OOM_RECOVERED,
+                    level=logging.INFO,
+                    **self.identity.event_fields(),
+                    step=self.clock.step,
+                    trace_id=self.trace_id(self.clock.step),
+                    outcome=contract.EventOutcome.SUCCESS,
+                    details={"micro_batches": self._split},
+                )
             return loss_sum + ready.detach()
 
     # -- installation -------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from trainguard.remediation.deps import (
     Authenticated,
     HubDep,
     MetricsDep,
+    OperatorAuthenticated,
+    ReaderAuthenticated,
     RuntimeDep,
     SettingsDep,
     StoreDep,
@@ -43,7 +45,11 @@ from trainguard.remediation.store import StoreError
 log = logging.getLogger(__name__)
 
 router = APIRouter()
+# Alertmanager and the ranks (webhook token); the audit trail (either token); operators' decisions
+# (operator token only: a leaked webhook secret must not let a destructive action through).
 v1 = APIRouter(prefix="/v1", dependencies=[Authenticated])
+audit = APIRouter(prefix="/v1", dependencies=[ReaderAuthenticated])
+operator = APIRouter(prefix="/v1", dependencies=[OperatorAuthenticated])
 
 ActionId = Annotated[int, Path(ge=1, le=2**62)]
 _UNAVAILABLE = "the store could not commit; retry"
@@ -83,7 +89,7 @@ async def alertmanager(payload: WebhookPayload, runtime: RuntimeDep) -> WebhookR
     return result
 
 
-@v1.get("/actions", response_model=ActionList, tags=["audit"])
+@audit.get("/actions", response_model=ActionList, tags=["audit"])
 def list_actions(
     store: StoreDep,
     state: ActionState | None = None,
@@ -100,7 +106,7 @@ def list_actions(
     return ActionList(actions=actions)
 
 
-@v1.get("/actions/{action_id}", response_model=ActionView, tags=["audit"])
+@audit.get("/actions/{action_id}", response_model=ActionView, tags=["audit"])
 def get_action(action_id: ActionId, store: StoreDep) -> ActionView:
     view = store.read(lambda conn: queries.get_action(conn, action_id))
     if view is None:
@@ -126,7 +132,7 @@ async def _decide(
     return view
 
 
-@v1.post("/actions/{action_id}/approve", response_model=ActionView, tags=["audit"])
+@operator.post("/actions/{action_id}/approve", response_model=ActionView, tags=["audit"])
 async def approve(
     action_id: ActionId, store: StoreDep, worker: WorkerDep, decision: Decision | None = None
 ) -> ActionView:
@@ -134,7 +140,7 @@ async def approve(
     return await _decide(action_id, True, decision, store, worker)
 
 
-@v1.post("/actions/{action_id}/reject", response_model=ActionView, tags=["audit"])
+@operator.post("/actions/{action_id}/reject", response_model=ActionView, tags=["audit"])
 async def reject(
     action_id: ActionId, store: StoreDep, worker: WorkerDep, decision: Decision | None = None
 ) -> ActionView:
@@ -142,13 +148,13 @@ async def reject(
     return await _decide(action_id, False, decision, store, worker)
 
 
-@v1.get("/breakers", response_model=BreakerList, tags=["guards"])
+@audit.get("/breakers", response_model=BreakerList, tags=["guards"])
 def list_breakers(store: StoreDep) -> BreakerList:
     """Jobs (or ``node:<name>``) whose action budget tripped their circuit breaker."""
     return BreakerList(breakers=store.read(queries.breakers))
 
 
-@v1.post("/breakers/{subject}/reset", status_code=status.HTTP_204_NO_CONTENT, tags=["guards"])
+@operator.post("/breakers/{subject}/reset", status_code=status.HTTP_204_NO_CONTENT, tags=["guards"])
 async def reset_breaker(subject: Annotated[str, Path(max_length=256)], store: StoreDep) -> None:
     """Close a tripped circuit breaker (the manual reset it waits for)."""
     try:
@@ -171,21 +177,27 @@ async def directives(
 ) -> DirectiveList:
     """Directives for this rank not yet acknowledged; waits up to ``wait`` s for one."""
     deadline = time.monotonic() + min(wait, settings.long_poll_max_seconds)
-    while True:
-        version = hub.version(job_id)
-        found = await run_in_threadpool(
-            store.read,
-            partial(
-                queries.pending_directives,
-                job_id=job_id,
-                rank=rank,
-                since=time.time() - settings.directive_ttl_seconds,
-            ),
-        )
-        remaining = deadline - time.monotonic()
-        if found or remaining <= 0:
-            return DirectiveList(directives=found)
-        await hub.wait(job_id, version, remaining)
+    # Seen as the poll starts and as it ends: a rank that keeps polling is never unseen for
+    # longer than one long-poll, so directives for every rank wait for its acknowledgement.
+    hub.seen(job_id, rank)
+    try:
+        while True:
+            version = hub.version(job_id)
+            found = await run_in_threadpool(
+                store.read,
+                partial(
+                    queries.pending_directives,
+                    job_id=job_id,
+                    rank=rank,
+                    since=time.time() - settings.directive_ttl_seconds,
+                ),
+            )
+            remaining = deadline - time.monotonic()
+            if found or remaining <= 0:
+                return DirectiveList(directives=found)
+            await hub.wait(job_id, version, remaining)
+    finally:
+        hub.seen(job_id, rank)
 
 
 @v1.post(
@@ -194,11 +206,15 @@ async def directives(
     tags=["directives"],
 )
 async def ack_directive(
-    directive_id: ActionId, ack: DirectiveAck, store: StoreDep, metrics: MetricsDep
+    directive_id: ActionId,
+    ack: DirectiveAck,
+    store: StoreDep,
+    metrics: MetricsDep,
+    worker: WorkerDep,
 ) -> None:
     """A rank has carried out (or failed to carry out) a directive."""
     try:
-        await store.write(Engine.ack(directive_id, ack))
+        action_id = await store.write(Engine.ack(directive_id, ack))
     except NotFoundError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     except ConflictError as exc:
@@ -206,6 +222,9 @@ async def ack_directive(
     except StoreError as exc:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, _UNAVAILABLE) from exc
     metrics.directive_acks.labels(ack.outcome.value).inc()
+    if action_id is not None:
+        # The action waits for acknowledgements: it may be done now, and the next step free.
+        worker.acknowledged(action_id)
 
 
 @router.get("/metrics", response_class=PlainTextResponse, tags=["operations"])
@@ -236,3 +255,5 @@ async def readyz(store: StoreDep, worker: WorkerDep, response: Response) -> dict
 
 
 router.include_router(v1)
+router.include_router(audit)
+router.include_router(operator)

@@ -37,6 +37,10 @@ from trainguard.remediation.worker import Worker
 
 log = logging.getLogger(__name__)
 
+# Beyond one long-poll, the time a rank may take to poll again (network, a busy event loop)
+# before its job's directives stop waiting for its acknowledgement.
+LISTENING_GRACE_SECONDS = 5.0
+
 ExecutorFactory = Callable[[Settings, Store, DirectiveHub], Mapping[str, Executor]]
 
 
@@ -54,7 +58,13 @@ def default_executors(
             timeout=settings.executor_timeout_seconds,
         ),
         SlurmExecutor(settings.scontrol, settings.executor_timeout_seconds),
-        DirectiveExecutor(store, hub.notify),
+        DirectiveExecutor(
+            store,
+            hub.notify,
+            hub.listening,
+            ack_timeout=settings.directive_ack_timeout_seconds,
+            settle=settings.directive_ack_settle_seconds,
+        ),
         RecommendExecutor(),
     ]
     return {executor.name: executor for executor in executors}
@@ -118,13 +128,17 @@ def create_app(
     """The service. Raises ConfigurationError / PolicyError when it could not run safely."""
     settings = settings or Settings()
     token = settings.bearer_token()
+    operator_token = settings.operator_bearer_token()
     policy = load_policy(settings.policy_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = Store(settings.db_path, synchronous=settings.sqlite_synchronous)
         metrics = Metrics(store, settings.dry_run)
-        hub = DirectiveHub(asyncio.get_running_loop())
+        hub = DirectiveHub(
+            asyncio.get_running_loop(),
+            listening_seconds=settings.long_poll_max_seconds + LISTENING_GRACE_SECONDS,
+        )
         engine = Engine(
             policy,
             Guards(
@@ -154,10 +168,17 @@ def create_app(
             sweep_interval=settings.sweep_interval_seconds,
             on_finished=attacher.submit if attacher is not None else None,
         )
-        app.state.runtime = Runtime(settings, token, policy, store, engine, metrics, hub, worker)
+        app.state.runtime = Runtime(
+            settings, token, operator_token, policy, store, engine, metrics, hub, worker
+        )
         worker.start()
         if token is None:
             log.warning("authentication is disabled (insecure_no_auth): development use only")
+        if operator_token is None and not settings.insecure_no_auth:
+            log.warning(
+                "no operator token: approve, reject and breaker reset answer 403 until one is "
+                "configured"
+            )
         if settings.dry_run:
             log.warning("dry-run mode: decisions are recorded, no action is executed")
         try:

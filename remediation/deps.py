@@ -17,7 +17,7 @@ from trainguard.remediation.engine import Engine
 from trainguard.remediation.hub import DirectiveHub
 from trainguard.remediation.metrics import Metrics
 from trainguard.remediation.policy import Policy
-from trainguard.remediation.settings import Settings
+from trainguard.remediation.settings import ENV_PREFIX, Settings
 from trainguard.remediation.store import Store
 from trainguard.remediation.worker import Worker
 
@@ -28,6 +28,8 @@ class Runtime:
 
     settings: Settings
     token: str | None
+    # None: approve, reject and breaker reset are closed (open only with insecure_no_auth).
+    operator_token: str | None
     policy: Policy
     store: Store
     engine: Engine
@@ -75,24 +77,87 @@ MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 HubDep = Annotated[DirectiveHub, Depends(get_hub)]
 WorkerDep = Annotated[Worker, Depends(get_worker)]
 
-_bearer = HTTPBearer(auto_error=False, description="The token of TRAINGUARD_REMEDIATION_TOKEN.")
+_bearer = HTTPBearer(
+    auto_error=False,
+    description=f"The token of {ENV_PREFIX}TOKEN (Alertmanager, the ranks); the operator token "
+    "also reads the audit trail.",
+)
+_operator_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="OperatorBearer",
+    description=f"The token of {ENV_PREFIX}OPERATOR_TOKEN: approve, reject, reset breakers.",
+)
+Credentials = HTTPAuthorizationCredentials | None
+
+
+def _presents(credentials: Credentials, token: str | None) -> bool:
+    """Whether the request carries ``token`` (constant-time compare; never a None token)."""
+    if token is None:
+        return False
+    presented = "" if credentials is None else credentials.credentials
+    return secrets.compare_digest(presented.encode(), token.encode())
+
+
+def _unauthorized(runtime: Runtime, detail: str) -> HTTPException:
+    runtime.metrics.webhook_rejected.labels("unauthorized").inc()
+    return HTTPException(
+        status_code=status.HTTP_401_UNAUTHORIZED,
+        detail=detail,
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 async def require_token(
-    runtime: RuntimeDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    runtime: RuntimeDep, credentials: Annotated[Credentials, Depends(_bearer)]
 ) -> None:
-    """401 unless the request carries the configured bearer token (constant-time compare)."""
+    """401 unless the request carries the configured (webhook) bearer token."""
     if runtime.token is None:
         return
-    presented = "" if credentials is None else credentials.credentials
-    if not secrets.compare_digest(presented.encode(), runtime.token.encode()):
+    if not _presents(credentials, runtime.token):
+        raise _unauthorized(runtime, "missing or wrong bearer token")
+
+
+async def require_reader_token(
+    runtime: RuntimeDep, credentials: Annotated[Credentials, Depends(_bearer)]
+) -> None:
+    """The audit trail: 401 unless the request carries the webhook or the operator token."""
+    if runtime.token is None:
+        return
+    # Both compared, whatever the first gives: the time taken says nothing about which matched.
+    webhook = _presents(credentials, runtime.token)
+    operator = _presents(credentials, runtime.operator_token)
+    if not (webhook or operator):
+        raise _unauthorized(runtime, "missing or wrong bearer token")
+
+
+async def require_operator_token(
+    runtime: RuntimeDep, credentials: Annotated[Credentials, Depends(_operator_bearer)]
+) -> None:
+    """Approve, reject, breaker reset: only the operator token, never the webhook token."""
+    if runtime.operator_token is None:
+        if runtime.settings.insecure_no_auth:
+            return
         runtime.metrics.webhook_rejected.labels("unauthorized").inc()
         raise HTTPException(
-            status_code=status.HTTP_401_UNAUTHORIZED,
-            detail="missing or wrong bearer token",
-            headers={"WWW-Authenticate": "Bearer"},
+            status_code=status.HTTP_403_FORBIDDEN,
+            detail="operator endpoints are disabled: no operator token is configured; set "
+            f"{ENV_PREFIX}OPERATOR_TOKEN or {ENV_PREFIX}OPERATOR_TOKEN_FILE to approve, "
+            "reject actions and reset circuit breakers",
         )
+    operator = _presents(credentials, runtime.operator_token)
+    webhook = _presents(credentials, runtime.token)
+    if operator:
+        return
+    if webhook:
+        runtime.metrics.webhook_rejected.labels("unauthorized").inc()
+        raise HTTPException(
+            status_code=status.HTTP_403_FORBIDDEN,
+            detail="the webhook token cannot approve, reject or reset circuit breakers; "
+            "present the operator token",
+        )
+    raise _unauthorized(runtime, "missing or wrong operator token")
 
 
 Authenticated = Depends(require_token)
+ReaderAuthenticated = Depends(require_reader_token)
+OperatorAuthenticated = Depends(require_operator_token)

@@ -448,8 +448,11 @@ class Engine:
         return unit
 
     @staticmethod
-    def ack(directive_id: int, ack: DirectiveAck) -> Callable[[sqlite3.Connection], None]:
-        def unit(conn: sqlite3.Connection) -> None:
+    def ack(directive_id: int, ack: DirectiveAck) -> Callable[[sqlite3.Connection], int | None]:
+        """Record a rank's acknowledgement; the unit returns the directive's action when the
+        acknowledgement is new (the worker looks at whether that action is done)."""
+
+        def unit(conn: sqlite3.Connection) -> int | None:
             row = conn.execute(
                 "SELECT action_id, rank FROM directives WHERE id = ?", (directive_id,)
             ).fetchone()
@@ -469,5 +472,7 @@ class Engine:
                 if ack.detail:
                     note += f" ({ack.detail})"
                 record_transition(conn, row["action_id"], "acknowledged", note)
+                return int(row["action_id"])
+            return None
 
         return unit

@@ -119,6 +119,36 @@ def ids_in_state(conn: sqlite3.Connection, state: ActionState, limit: int = 1) -
     return [int(row["id"]) for row in rows]
 
 
+def next_runnable(conn: sqlite3.Connection) -> int | None:
+    """The oldest queued action no earlier step of its plan is still ahead of (queued, or
+    running: a directive waiting for the ranks' acknowledgements holds back what follows it)."""
+    row = conn.execute(
+        """
+        SELECT id FROM actions AS later
+        WHERE state = ? AND NOT EXISTS (
+            SELECT 1 FROM actions AS earlier
+            WHERE earlier.alert_id = later.alert_id AND earlier.step < later.step
+              AND earlier.state IN (?, ?))
+        ORDER BY id LIMIT 1
+        """,
+        (ActionState.QUEUED.value, ActionState.QUEUED.value, ActionState.RUNNING.value),
+    ).fetchone()
+    return None if row is None else int(row["id"])
+
+
+def awaited_output(conn: sqlite3.Connection, action_id: int) -> dict[str, Any] | None:
+    """What a running action's execution returned, stored while it waits for others (the
+    ranks' acknowledgements); None when it is not running or not carried out yet."""
+    row = conn.execute(
+        "SELECT output FROM actions WHERE id = ? AND state = ?",
+        (action_id, ActionState.RUNNING.value),
+    ).fetchone()
+    if row is None or row["output"] is None:
+        return None
+    output: dict[str, Any] = json.loads(row["output"])
+    return output
+
+
 def pending_directives(
     conn: sqlite3.Connection, job_id: str, rank: int, since: float, limit: int = 100
 ) -> list[Directive]:

@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, status
 
-from trainguard.remediation.deps import Authenticated, StoreDep
+from trainguard.remediation.deps import ReaderAuthenticated, StoreDep
 from trainguard.remediation.reports import ActionReport, get_report
 
-router = APIRouter(prefix="/v1", dependencies=[Authenticated])
+router = APIRouter(prefix="/v1", dependencies=[ReaderAuthenticated])
 
 
 @router.get("/actions/{action_id}/report", response_model=ActionReport, tags=["audit"])

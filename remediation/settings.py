@@ -5,6 +5,12 @@ file; the command line overrides a few of them. The bearer token is read from
 ``TRAINGUARD_REMEDIATION_TOKEN`` or from the file ``TRAINGUARD_REMEDIATION_TOKEN_FILE`` names
 (a Kubernetes secret mount, a systemd credential); without one the service refuses to start
 unless ``insecure_no_auth`` is set explicitly.
+
+That token is Alertmanager's and the ranks': it posts alerts, fetches and acknowledges
+directives and reads the audit trail. Approving or rejecting actions and resetting circuit
+breakers take a second, operator token (``TRAINGUARD_REMEDIATION_OPERATOR_TOKEN`` or
+``TRAINGUARD_REMEDIATION_OPERATOR_TOKEN_FILE``), so that a leaked webhook secret cannot let a
+destructive action through; without one those endpoints are closed.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+ENV_PREFIX = "TRAINGUARD_REMEDIATION_"
+
 
 class ConfigurationError(ValueError):
     """The settings cannot describe a service that is safe to start."""
@@ -23,9 +31,7 @@ class ConfigurationError(ValueError):
 class Settings(BaseSettings):
     """Everything the service reads at start-up."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="TRAINGUARD_REMEDIATION_", env_file=".env", extra="ignore"
-    )
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=".env", extra="ignore")
 
     host: str = "127.0.0.1"
     port: int = Field(default=9095, ge=0, le=65535)
@@ -36,6 +42,8 @@ class Settings(BaseSettings):
     insecure_no_auth: bool = Field(
         default=False, description="Accept requests without a bearer token (development only)."
     )
+    operator_token: SecretStr | None = None
+    operator_token_file: Path | None = None
     max_body_bytes: int = Field(default=1 << 20, gt=0)
 
     # --- storage ---
@@ -68,6 +76,18 @@ class Settings(BaseSettings):
     # --- directives ---
     long_poll_max_seconds: float = Field(default=30.0, gt=0)
     directive_ttl_seconds: float = Field(default=3600.0, gt=0)
+    directive_ack_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long a directive action waits for the ranks' acknowledgements before "
+        "it fails and the next step of its plan runs.",
+    )
+    directive_ack_settle_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description="When no rank was polling as the directive was queued (so which ranks it "
+        "reaches is unknown): how long after the first acknowledgement it counts as done.",
+    )
 
     # --- kubernetes executor ---
     kube_config: Path | None = Field(
@@ -98,25 +118,40 @@ class Settings(BaseSettings):
         Raises ConfigurationError when no token is configured and auth is not disabled, or
         when the token file cannot be read or is empty.
         """
-        if self.token is not None and self.token_file is not None:
-            raise ConfigurationError("set either token or token_file, not both")
-        value: str | None = None
-        if self.token is not None:
-            value = self.token.get_secret_value().strip()
-        elif self.token_file is not None:
-            try:
-                value = self.token_file.read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise ConfigurationError(
-                    f"cannot read token_file {self.token_file}: {exc}"
-                ) from exc
-        if value:
-            return value
+        value = _read_token("token", self.token, self.token_file)
         if value is not None:
-            raise ConfigurationError("the configured bearer token is empty")
+            return value
         if self.insecure_no_auth:
             return None
         raise ConfigurationError(
-            "no bearer token: set TRAINGUARD_REMEDIATION_TOKEN or "
-            "TRAINGUARD_REMEDIATION_TOKEN_FILE (or --insecure-no-auth for local development)"
+            f"no bearer token: set {ENV_PREFIX}TOKEN or {ENV_PREFIX}TOKEN_FILE "
+            "(or --insecure-no-auth for local development)"
         )
+
+    def operator_bearer_token(self) -> str | None:
+        """The token that approves, rejects and resets breakers; None when none is configured.
+
+        Raises ConfigurationError when the token file cannot be read, the token is empty, or it
+        is the webhook token (which would make the separation pointless).
+        """
+        value = _read_token("operator_token", self.operator_token, self.operator_token_file)
+        if value is not None and value == _read_token("token", self.token, self.token_file):
+            raise ConfigurationError("the operator token must differ from the webhook token")
+        return value
+
+
+def _read_token(name: str, secret: SecretStr | None, path: Path | None) -> str | None:
+    """The token given inline or in a file (stripped); None when neither is set."""
+    if secret is not None and path is not None:
+        raise ConfigurationError(f"set either {name} or {name}_file, not both")
+    value: str | None = None
+    if secret is not None:
+        value = secret.get_secret_value().strip()
+    elif path is not None:
+        try:
+            value = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read {name}_file {path}: {exc}") from exc
+    if value == "":
+        raise ConfigurationError(f"the configured {name.replace('_', ' ')} is empty")
+    return value

@@ -6,12 +6,20 @@ died between claiming and recording) are executed again from their stored snapsh
 are idempotent given a snapshot, so the effect happens once. Queued actions whose alert resolved
 in the meantime were cancelled by the webhook and are not claimed. The worker also sweeps firing
 alerts for plan steps whose ``after_seconds`` has passed.
+
+An action of an :class:`~trainguard.remediation.executors.AwaitingExecutor` (a directive) stays
+``running`` after its execution, which is stored with it, until its executor reports it finished
+(the ranks acknowledged it, or it timed out). The worker does not block on it: it looks again
+when an acknowledgement arrives or the executor's next deadline passes, and meanwhile runs other
+plans' actions. Later steps of the same plan wait for it. A restarted worker finds the stored
+execution and resumes the wait instead of executing again.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -20,13 +28,24 @@ from typing import Any
 from trainguard import contract
 from trainguard.events import log_event
 from trainguard.remediation import queries
-from trainguard.remediation.engine import Engine, set_state
-from trainguard.remediation.executors import ActionRecord, ExecutionError, Executor
+from trainguard.remediation.engine import Engine, record_transition, set_state
+from trainguard.remediation.executors import (
+    ActionRecord,
+    AwaitingExecutor,
+    ExecutionError,
+    Executor,
+    Finished,
+    Waiting,
+)
 from trainguard.remediation.metrics import Metrics
 from trainguard.remediation.models import ActionState
 from trainguard.remediation.store import Store
 
 log = logging.getLogger(__name__)
+
+# The audit trail's entry for an action carried out that now waits for others to report back.
+WAITING = "waiting"
+_RETRY_SECONDS = 1.0
 
 
 class Worker:
@@ -50,6 +69,12 @@ class Worker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Waiting actions -> when (time.time()) to look at them again; the store holds their
+        # state, this only saves looking at each one on every turn of the loop.
+        self._recheck_at: dict[int, float] = {}
+        # Waiting actions that got an acknowledgement since the worker last looked.
+        self._acknowledged: set[int] = set()
+        self._acknowledged_lock = threading.Lock()
 
     def start(self) -> None:
         if self._thread is None:
@@ -66,6 +91,12 @@ class Worker:
             self._thread = None
 
     def wake(self) -> None:
+        self._wake.set()
+
+    def acknowledged(self, action_id: int) -> None:
+        """Thread-safe: a rank acknowledged the directive of ``action_id``; look at it now."""
+        with self._acknowledged_lock:
+            self._acknowledged.add(action_id)
         self._wake.set()
 
     def alive(self) -> bool:
@@ -87,21 +118,25 @@ class Worker:
                     self._metrics.record_decisions(planned.decisions)
                     next_sweep = time.monotonic() + self._sweep_interval
                 self._wake.clear()
-                while not self._stop.is_set() and self.run_next():
-                    pass
+                while not self._stop.is_set():
+                    self.check_waiting()
+                    if not self.run_next():
+                        break
             except Exception:
                 # A store or executor failure must not end the worker; it retries after a pause.
                 log.exception("remediation worker iteration failed")
                 self._stop.wait(1.0)
                 continue
-            self._wake.wait(timeout=max(0.0, next_sweep - time.monotonic()))
+            timeout = next_sweep - time.monotonic()
+            if self._recheck_at:
+                timeout = min(timeout, min(self._recheck_at.values()) - time.time())
+            self._wake.wait(timeout=max(0.0, timeout))
 
     def run_next(self) -> bool:
-        """Claim and execute the oldest queued action; False when there is none."""
-        ids = self._store.read(lambda conn: queries.ids_in_state(conn, ActionState.QUEUED))
-        if not ids:
+        """Claim and execute the oldest runnable queued action; False when there is none."""
+        action_id = self._store.read(queries.next_runnable)
+        if action_id is None:
             return False
-        action_id = ids[0]
         record, _ = self._store.read(lambda conn: queries.action_record(conn, action_id))
         executor = self._executors.get(record.executor)
         try:
@@ -125,12 +160,40 @@ class Worker:
             self._execute(executor, record, snapshot)
         return True
 
+    def check_waiting(self) -> None:
+        """Finish the waiting actions whose executor says they are done."""
+        now = time.time()
+        with self._acknowledged_lock:
+            due, self._acknowledged = self._acknowledged, set()
+        due.update(action_id for action_id, at in self._recheck_at.items() if at <= now)
+        for action_id in sorted(due):
+            self._recheck_at.pop(action_id, None)
+            try:
+                self._check(action_id)
+            except Exception:
+                # Looked at again shortly: a waiting action must never be forgotten.
+                log.exception("checking on waiting action %d failed", action_id)
+                self._recheck_at[action_id] = now + _RETRY_SECONDS
+
     def _resume(self, action_id: int) -> None:
         record, snapshot = self._store.read(lambda conn: queries.action_record(conn, action_id))
         executor = self._executors.get(record.executor)
         if executor is None or snapshot is None:
             error = ExecutionError(f"cannot resume: executor {record.executor!r} unavailable")
             self._finish(record, None, error, 0.0, claim=False)
+            return
+        output = self._store.read(lambda conn: queries.awaited_output(conn, action_id))
+        if output is not None and isinstance(executor, AwaitingExecutor):
+            # Carried out before the restart: wait on, from the stored execution.
+            self._store.write_sync(
+                lambda conn: record_transition(
+                    conn,
+                    action_id,
+                    WAITING,
+                    "resumed after restart: still waiting, not re-executed",
+                )
+            )
+            self._recheck_at[action_id] = 0.0
             return
         self._store.write_sync(
             lambda conn: set_state(
@@ -151,8 +214,48 @@ class Worker:
             output = executor.execute(record, snapshot)
         except Exception as exc:
             self._finish(record, None, exc, time.perf_counter() - started, claim=False)
-        else:
+            return
+        if not isinstance(executor, AwaitingExecutor):
             self._finish(record, output, None, time.perf_counter() - started, claim=False)
+            return
+        try:
+            progress: Waiting | Finished | None = executor.progress(record, output, time.time())
+        except Exception:
+            log.exception("action %d: cannot tell what it waits for", record.id)
+            progress = None
+        note = progress.note if isinstance(progress, Waiting) else "carried out; waiting"
+
+        def wait(conn: sqlite3.Connection) -> bool:
+            updated = conn.execute(
+                "UPDATE actions SET output = ?, updated_at = ? WHERE id = ? AND state = ?",
+                (json.dumps(output), time.time(), record.id, ActionState.RUNNING.value),
+            ).rowcount
+            if updated:
+                record_transition(conn, record.id, WAITING, note)
+            return bool(updated)
+
+        if self._store.write_sync(wait):
+            self._recheck_at[record.id] = 0.0  # on the loop's next turn, before the next action
+
+    def _check(self, action_id: int) -> None:
+        """Finish a waiting action if it is done, else remember when to look again."""
+        output = self._store.read(lambda conn: queries.awaited_output(conn, action_id))
+        if output is None:
+            return  # finished already (an acknowledgement that came after the outcome)
+        record, _ = self._store.read(lambda conn: queries.action_record(conn, action_id))
+        executor = self._executors.get(record.executor)
+        if not isinstance(executor, AwaitingExecutor):
+            unavailable = ExecutionError(f"cannot wait: executor {record.executor!r} unavailable")
+            self._finish(record, None, unavailable, 0.0, claim=False)
+            return
+        progress = executor.progress(record, output, time.time())
+        if not isinstance(progress, Finished):
+            self._recheck_at[action_id] = progress.until
+            return
+        error = None if progress.succeeded else ExecutionError(progress.note)
+        self._finish(
+            record, progress.output, error, progress.seconds, claim=False, note=progress.note
+        )
 
     def _finish(
         self,
@@ -162,13 +265,14 @@ class Worker:
         seconds: float,
         *,
         claim: bool,
+        note: str = "done",
     ) -> None:
         expect = (ActionState.QUEUED,) if claim else (ActionState.RUNNING,)
         if error is None:
-            state, note, body = ActionState.SUCCEEDED, "done", output or {}
+            state, body = ActionState.SUCCEEDED, output or {}
         else:
-            detail = str(error) if isinstance(error, ExecutionError) else repr(error)
-            state, note, body = ActionState.FAILED, detail, {"error": detail}
+            note = str(error) if isinstance(error, ExecutionError) else repr(error)
+            state, body = ActionState.FAILED, {**(output or {}), "error": note}
         self._store.write_sync(
             lambda conn: set_state(
                 conn, record.id, state, note, expect=expect, output=json.dumps(body)

@@ -6,13 +6,18 @@ job's restart count); the worker commits the snapshot with the ``running`` state
 ``execute``. ``execute`` acts only on what the snapshot names and is idempotent given it: run
 twice (because the service was killed between acting and recording the result) it changes
 nothing the second time. That is how an action runs exactly once across ``kill -9``.
+
+Some actions are not done when ``execute`` returns: a directive is only carried out once the
+ranks acknowledge it. Their executors (:class:`AwaitingExecutor`) also answer ``progress``: given
+what ``execute`` returned (stored with the action, so a restarted worker resumes the wait rather
+than acting again), is the action still waiting, or finished, and how.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
 class ExecutionError(RuntimeError):
@@ -41,6 +46,34 @@ class Executor(Protocol):
     def prepare(self, action: ActionRecord) -> dict[str, Any]: ...
 
     def execute(self, action: ActionRecord, snapshot: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The action is carried out but not done; ``until`` (a ``time.time()`` instant) is when its
+    outcome can next change without news from outside (a timeout)."""
+
+    until: float
+    note: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How an action that waited ended; ``seconds`` from carrying it out to the outcome."""
+
+    succeeded: bool
+    note: str
+    output: dict[str, Any]
+    seconds: float
+
+
+@runtime_checkable
+class AwaitingExecutor(Executor, Protocol):
+    """An executor whose actions finish after ``execute`` returns, when others report back."""
+
+    def progress(
+        self, action: ActionRecord, output: Mapping[str, Any], now: float
+    ) -> Waiting | Finished: ...
 
 
 class RecommendExecutor:

@@ -266,6 +266,13 @@ def test_oom_recovery_in_one_process_gives_the_unsplit_gradients(events: Events)
         assert torch.allclose(ours.grad, theirs.grad, atol=1e-6)  # type: ignore[arg-type]
     assert sample(registry, "trainguard_oom_recoveries_total") == 1
     assert len(events.actions("oom")) == 2, "1 -> 2 -> 4 micro-batches: two OOMs on the way"
+    (recovered,) = events.actions("oom_recovered")
+    assert getattr(recovered, contract.FIELD_DETAILS) == {"micro_batches": 4}
+    # The next step starts split in four and needs no recovery: nothing more is counted.
+    model.zero_grad()
+    handle.guarded_step(x, lambda micro: model(micro).square().mean())
+    assert sample(registry, "trainguard_oom_recoveries_total") == 1
+    assert len(events.actions("oom_recovered")) == 1
     handle.uninstrument()
 
 
@@ -580,3 +587,38 @@ def test_a_rank_that_gets_no_job_id_from_rank_0_goes_on_with_its_own(
     agree = _job_id_from_rank0(SilentStore(), rank=3)
     assert agree("job-mine") == "job-mine"
     assert contract.ENV_JOB_ID in caplog.text
+
+
+def test_a_failure_is_counted_every_time_and_logged_once_per_kind(events: Events) -> None:
+    registry = CollectorRegistry()
+    identity = Identity(job_id="job-e", rank=2, local_rank=0, world_size=4, node="n")
+    metrics = RankMetrics(registry, identity.labels())
+    errors = ErrorBudget(metrics.instrumentation_errors, identity.labels())
+    for _ in range(3):
+        with errors.guard("memory"):
+            raise OSError("cgroup file vanished")
+    with errors.guard("memory"):
+        raise ValueError("garbage in memory.stat")
+    labels = {**identity.labels(), "component": "memory"}
+    assert registry.get_sample_value("trainguard_instrumentation_errors_total", labels) == 4
+    logged = events.actions("instrumentation_error")
+    assert [getattr(r, contract.FIELD_DETAILS)["error"] for r in logged] == [
+        "OSError",
+        "ValueError",
+    ]
+    assert getattr(logged[0], contract.FIELD_RANK) == "2"
+
+
+def test_a_saved_checkpoint_is_an_event_of_the_last_finished_step(
+    tmp_path: Path, events: Events
+) -> None:
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = instrument(model, optimizer)
+    run_steps(model, optimizer, 2)
+    handle.record_checkpoint(tmp_path / "latest.pt")
+    handle.uninstrument()
+    (saved,) = events.actions("checkpoint")
+    assert getattr(saved, contract.FIELD_STEP) == "1"
+    assert getattr(saved, contract.FIELD_DETAILS) == {"path": str(tmp_path / "latest.pt")}
+    assert getattr(saved, contract.FIELD_TRACE_ID) == handle.trace_id(1)

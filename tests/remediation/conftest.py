@@ -24,6 +24,8 @@ from trainguard.remediation.store import Store
 
 TOKEN = "test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+OPERATOR_TOKEN = "operator-token-9876543210"
+OPERATOR_AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 
 
 def alert(
@@ -81,6 +83,7 @@ class RecordingExecutor:
 def settings(tmp_path: Path) -> Settings:
     return Settings(
         token=SecretStr(TOKEN),
+        operator_token=SecretStr(OPERATOR_TOKEN),
         db_path=tmp_path / "remediation.db",
         sweep_interval_seconds=0.05,
         sqlite_synchronous="NORMAL",

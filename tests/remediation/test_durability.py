@@ -67,11 +67,15 @@ def test_running_action_resumes_once_from_its_snapshot(
 
 
 def test_directive_queued_before_a_crash_is_not_queued_twice(settings: Settings) -> None:
-    live = settings.model_copy(update={"dry_run": False})
+    live = settings.model_copy(update={"dry_run": False, "directive_ack_settle_seconds": 0.1})
     with serve(live) as client:
         client.post(
             "/v1/alertmanager", json=payload(alert("TrainingOOMRisk", job_id="j")), headers=AUTH
         )
+        (directive,) = client.get(
+            "/v1/directives", params={"job_id": "j", "rank": 0, "wait": 5}, headers=AUTH
+        ).json()["directives"]
+        client.post(f"/v1/directives/{directive['id']}/ack", json={"rank": 0}, headers=AUTH)
         wait_for(
             lambda: (
                 {a["state"] for a in client.get("/v1/actions", headers=AUTH).json()["actions"]}
@@ -80,8 +84,9 @@ def test_directive_queued_before_a_crash_is_not_queued_twice(settings: Settings)
         )
     ((action_id,),) = _db(live.db_path, "SELECT action_id FROM directives")
     assert isinstance(action_id, int)
-    # The process died after queueing the directive but before recording success.
+    # The process died after queueing the directive but before recording that it waits.
     _crash_after_claim(live.db_path, action_id, '{"job_id": "j", "rank": null}')
+    _db(live.db_path, "UPDATE actions SET output = NULL WHERE id = ?", action_id)
     with serve(live) as client:
         wait_for(
             lambda: (
@@ -105,6 +110,8 @@ def _start(db: Path, port: int) -> subprocess.Popen[bytes]:
         "TRAINGUARD_REMEDIATION_REQUIRE_APPROVAL": "false",
         "TRAINGUARD_REMEDIATION_COOLDOWN_SECONDS": "0",
         "TRAINGUARD_REMEDIATION_BUDGET_PER_HOUR": "1000000",
+        # No rank polls: each directive fails by its acknowledgement timeout, soon.
+        "TRAINGUARD_REMEDIATION_DIRECTIVE_ACK_TIMEOUT_SECONDS": "0.2",
     }
     proc = subprocess.Popen(
         [
@@ -191,12 +198,19 @@ def test_kill_9_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
             return rows[0][0] == 0
 
         wait_for(drained, timeout=60)
-        # Exactly once: each checkpoint_now action queued exactly one directive.
-        assert _db(
+        # Exactly once: each checkpoint_now action queued exactly one directive, and, with no
+        # rank to acknowledge it, failed by the acknowledgement timeout and by nothing else.
+        timed_out = _db(
             db,
-            "SELECT COUNT(*) FROM actions WHERE action = 'checkpoint_now' AND state = 'succeeded'",
-        ) == _db(db, "SELECT COUNT(*) FROM directives")
-        assert _db(db, "SELECT COUNT(*) FROM actions WHERE state = 'failed'") == [(0,)]
+            "SELECT COUNT(*) FROM actions WHERE action = 'checkpoint_now' AND state = 'failed' "
+            "AND json_extract(output, '$.error') LIKE 'timed out after 0.2s: no rank%'",
+        )
+        assert timed_out == _db(db, "SELECT COUNT(*) FROM directives")
+        assert timed_out == _db(db, "SELECT COUNT(*) FROM actions WHERE action = 'checkpoint_now'")
+        assert _db(db, "SELECT COUNT(*) FROM actions WHERE state = 'failed'") == timed_out
+        assert _db(db, "SELECT DISTINCT state FROM actions WHERE action = 'recommend'") == [
+            ("succeeded",)
+        ]
     finally:
         proc.terminate()
         proc.wait(10)

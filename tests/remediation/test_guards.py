@@ -8,8 +8,16 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.remediation.conftest import AUTH, RecordingExecutor, alert, payload, serve, wait_for
-from trainguard.remediation.deps import require_token
+from tests.remediation.conftest import (
+    AUTH,
+    OPERATOR_AUTH,
+    RecordingExecutor,
+    alert,
+    payload,
+    serve,
+    wait_for,
+)
+from trainguard.remediation.deps import require_reader_token, require_token
 from trainguard.remediation.settings import Settings
 
 
@@ -36,7 +44,10 @@ def test_dry_run_is_the_default_and_executes_nothing(
         assert "would wait for approval" in action["reason"]
         time.sleep(0.2)  # the worker had every chance to pick it up
         assert recorder.executed == []
-        assert client.post(f"/v1/actions/{action['id']}/approve", headers=AUTH).status_code == 409
+        assert (
+            client.post(f"/v1/actions/{action['id']}/approve", headers=OPERATOR_AUTH).status_code
+            == 409
+        )
 
 
 def test_destructive_action_waits_for_approval(
@@ -51,7 +62,7 @@ def test_destructive_action_waits_for_approval(
         assert recorder.executed == []
         response = client.post(
             f"/v1/actions/{action['id']}/approve",
-            headers=AUTH,
+            headers=OPERATOR_AUTH,
             json={"by": "alice", "comment": "checkpoint is fresh"},
         )
         assert response.status_code == 200
@@ -67,8 +78,11 @@ def test_destructive_action_waits_for_approval(
         assert states == ["awaiting_approval", "queued", "running", "succeeded"]
         assert "approved by alice: checkpoint is fresh" in view["transitions"][1]["note"]
         assert view["output"] == {"done": "restart_from_checkpoint"}
-        assert client.post(f"/v1/actions/{action['id']}/reject", headers=AUTH).status_code == 409
-        assert client.post("/v1/actions/999/approve", headers=AUTH).status_code == 404
+        assert (
+            client.post(f"/v1/actions/{action['id']}/reject", headers=OPERATOR_AUTH).status_code
+            == 409
+        )
+        assert client.post("/v1/actions/999/approve", headers=OPERATOR_AUTH).status_code == 404
 
 
 def test_reject(settings: Settings, recorder: RecordingExecutor) -> None:
@@ -76,7 +90,7 @@ def test_reject(settings: Settings, recorder: RecordingExecutor) -> None:
     with serve(settings, recorder) as client:
         _send(client, alert("TrainingRankDown", job_id="j1"))
         (action,) = _actions(client)
-        response = client.post(f"/v1/actions/{action['id']}/reject", headers=AUTH)
+        response = client.post(f"/v1/actions/{action['id']}/reject", headers=OPERATOR_AUTH)
         assert response.json()["state"] == "rejected"
         time.sleep(0.2)
         assert recorder.executed == []
@@ -130,8 +144,8 @@ def test_budget_trips_breaker_until_manual_reset(settings: Settings) -> None:
         _send(client, alert("TrainingRankDown", fingerprint="other", job_id="j2"))
         assert _actions(client)[0]["state"] == "dry_run"
         # The breaker stays open until an operator resets it ...
-        assert client.post("/v1/breakers/j1/reset", headers=AUTH).status_code == 204
-        assert client.post("/v1/breakers/j1/reset", headers=AUTH).status_code == 404
+        assert client.post("/v1/breakers/j1/reset", headers=OPERATOR_AUTH).status_code == 204
+        assert client.post("/v1/breakers/j1/reset", headers=OPERATOR_AUTH).status_code == 404
         assert client.get("/v1/breakers", headers=AUTH).json()["breakers"] == []
         # ... which gives the job a fresh budget: the actions that tripped it no longer count.
         for i in range(3):
@@ -186,8 +200,12 @@ def test_missing_labels_skip_with_a_reason(settings: Settings) -> None:
 
 def test_auth_dependency_can_be_overridden(settings: Settings) -> None:
     with serve(settings) as client:
-        client.app.dependency_overrides[require_token] = lambda: None  # type: ignore[attr-defined]
+        overrides = client.app.dependency_overrides  # type: ignore[attr-defined]
+        overrides[require_token] = lambda: None
+        overrides[require_reader_token] = lambda: None
         assert client.get("/v1/actions").status_code == 200
+        directives = client.get("/v1/directives", params={"job_id": "j", "rank": 0, "wait": 0})
+        assert directives.status_code == 200
 
 
 def test_executor_failure_is_recorded(settings: Settings) -> None:

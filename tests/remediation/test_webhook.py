@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.remediation.conftest import AUTH, TOKEN, alert, payload, serve
+from tests.remediation.conftest import AUTH, OPERATOR_AUTH, TOKEN, alert, payload, serve
 from trainguard import contract
 from trainguard.remediation.app import create_app
 from trainguard.remediation.settings import ConfigurationError, Settings
@@ -130,7 +130,7 @@ def test_resolved_cancels_pending_actions(settings: Settings) -> None:
         assert view["state"] == "cancelled"
         assert view["alert"]["status"] == "resolved"
         assert [t["state"] for t in view["transitions"]] == ["awaiting_approval", "cancelled"]
-        approve = client.post(f"/v1/actions/{restart['id']}/approve", headers=AUTH)
+        approve = client.post(f"/v1/actions/{restart['id']}/approve", headers=OPERATOR_AUTH)
         assert approve.status_code == 409
 
 
@@ -196,3 +196,4 @@ def test_operations_endpoints(settings: Settings) -> None:
             spec["paths"]
         )
         assert "HTTPBearer" in spec["components"]["securitySchemes"]
+        assert "OperatorBearer" in spec["components"]["securitySchemes"]
