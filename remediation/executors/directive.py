@@ -8,9 +8,11 @@ restart after ``dump_diagnostics``) cannot kill the workers before they dumped a
 succeeds once every targeted rank acknowledged success, and fails as soon as one acknowledges a
 failure, or when ``ack_timeout`` passes first (the plan then goes on without it). The targeted
 ranks are the alert's rank (``target: alert_rank``) or the ranks polling when the directive was
-queued; when none was, they are unknown, and the first acknowledgement plus a short ``settle``
-for the others' ends the wait. Every clock starts at the directive's stored ``created_at``, so a
-restarted service resumes the wait where it was.
+queued; once one of them acknowledged, a targeted rank that stopped polling (its process died,
+its node was excluded) is no longer waited for. When no rank was polling, the targets are
+unknown, and the first acknowledgement plus a short ``settle`` for the others' ends the wait.
+Every clock starts at the directive's stored ``created_at``, so a restarted service resumes the
+wait where it was.
 """
 
 from __future__ import annotations
@@ -134,16 +136,21 @@ class DirectiveExecutor:
         targets = {int(rank) for rank in output.get("ranks") or []}
         if targets:
             missing = targets.difference(acked)
-            if not missing:
-                return finished(True, f"acknowledged by rank(s) {_ranks(acked)}")
+            # A targeted rank that stopped polling is gone (its process died, or its node was
+            # excluded and the job re-formed without it): it will never acknowledge.
+            gone = missing.difference(self._listening(str(output["job_id"]))) if acked else set()
+            if not missing.difference(gone):
+                left = f"; rank(s) {_ranks(gone)} stopped polling" if gone else ""
+                return finished(True, f"acknowledged by rank(s) {_ranks(acked)}{left}")
             if now >= timeout_at:
                 return finished(
                     False,
                     f"timed out after {self._ack_timeout:g}s: rank(s) {_ranks(missing)} did not "
                     f"acknowledge directive {directive_id} (acknowledged by {_ranks(acked)})",
                 )
+            # Look again soon: a targeted rank may stop polling before the timeout.
             return Waiting(
-                timeout_at,
+                min(timeout_at, now + max(self._settle, 1.0)),
                 f"directive {directive_id} queued for rank(s) {_ranks(targets)}; waiting up to "
                 f"{self._ack_timeout:g}s for their acknowledgements",
             )

@@ -192,3 +192,25 @@ def test_the_timeout_runs_from_the_stored_directive_across_a_restart(
         assert time.monotonic() - started < 0.9
         assert _state(client, "dump_diagnostics") == "failed"
         assert len(_directives(live.db_path)) == 1
+
+
+def test_a_targeted_rank_that_stops_polling_is_not_waited_for(
+    settings: Settings, recorder: RecordingExecutor, monkeypatch: Any
+) -> None:
+    # Ranks count as listening for long_poll_max + grace after their last poll: keep it short.
+    monkeypatch.setattr("trainguard.remediation.app.LISTENING_GRACE_SECONDS", 0.2)
+    with serve(_live(settings, long_poll_max_seconds=0.3), recorder) as client:
+        for rank in (0, 1, 2):
+            assert _poll(client, rank) == []
+        _stall(client)
+        wait_for(lambda: len(_poll(client, 0)) == 1)
+        (directive,) = _poll(client, 1)
+        _ack(client, directive["id"], 0)
+        _ack(client, directive["id"], 1)  # rank 2 died: it never polls again
+        wait_for(lambda: _state(client, "dump_diagnostics") == "succeeded", timeout=10)
+        dump = _by_action(client)["dump_diagnostics"]
+        assert dump["output"]["ranks"] == [0, 1, 2]
+        assert dump["transitions"][-1]["note"] == (
+            "acknowledged by rank(s) 0, 1; rank(s) 2 stopped polling"
+        )
+        wait_for(lambda: len(recorder.executed) == 1)  # and the restart went ahead
