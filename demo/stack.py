@@ -258,6 +258,10 @@ class Stack:
                 "TRAINGUARD_REMEDIATION_COOLDOWN_SECONDS": "30",
                 "TRAINGUARD_REMEDIATION_SWEEP_INTERVAL_SECONDS": "0.5",
                 "TRAINGUARD_REMEDIATION_BUDGET_PER_HOUR": "20",
+                # Ranks count as listening for a long-poll plus 5 s after their last poll: a
+                # short poll forgets the excluded node's ranks before the hang's dump directive,
+                # which then waits only for the ranks alive.
+                "TRAINGUARD_REMEDIATION_LONG_POLL_MAX_SECONDS": "5",
                 # Every action the service takes gets a `trainguard diagnose` report.
                 "TRAINGUARD_REMEDIATION_DIAGNOSE_PROMETHEUS_URL": cfg.url("prometheus"),
                 "TRAINGUARD_REMEDIATION_DIAGNOSE_DUMPS_DIR": str(cfg.dumps),
