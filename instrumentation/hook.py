@@ -151,6 +151,7 @@ class Instrumentation:
         self._poke_handle: torch.utils.hooks.RemovableHandle | None = None
         self._on_directive = on_directive
         self._directives: DirectiveClient | None = None
+        self._progress_collector: CollectiveProgressCollector | None = None
         # One bound method object, so that uninstrument withdraws exactly what was published.
         self._log_trace_ids_ref = self.log_trace_ids
 
@@ -287,6 +288,11 @@ class Instrumentation:
         if self.model.__dict__.get(_ATTACHED) is self:
             del self.model.__dict__[_ATTACHED]
         correlation.withdraw(self._log_trace_ids_ref)
+        # The registry may be shared (prometheus' global one): instrumenting it again works.
+        if self._progress_collector is not None:
+            with contextlib.suppress(KeyError):
+                self.registry.unregister(self._progress_collector)
+        self.metrics.release()
         log_event(
             "trainguard instrumentation removed",
             contract.EventKind.UNINSTRUMENTED,
@@ -428,13 +434,12 @@ class Instrumentation:
             self._poke_handle = self.ddp.module.register_forward_pre_hook(
                 lambda _module, _args: poke()
             )
-        self.registry.register(
-            CollectiveProgressCollector(
-                self.identity.labels(),
-                self._collective_progress,
-                lambda error: self.errors.record("collective_progress", error),
-            )
+        self._progress_collector = CollectiveProgressCollector(
+            self.identity.labels(),
+            self._collective_progress,
+            lambda error: self.errors.record("collective_progress", error),
         )
+        self.registry.register(self._progress_collector)
         distributed = self.backend != "none"
         if cfg.watchdog and distributed and flight_recorder.flight_recorder_available():
             self._watchdog = CollectiveWatchdog(

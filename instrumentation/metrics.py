@@ -6,7 +6,10 @@ hot path is a single method call with no label lookup.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -22,6 +25,11 @@ DURATION_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 
+M = TypeVar("M", bound=Collector)
+# The metrics last created on each registry, so that instrumenting it again can replace them.
+_LATEST: weakref.WeakKeyDictionary[CollectorRegistry, RankMetrics] = weakref.WeakKeyDictionary()
+
+
 def _labelnames(spec: MetricSpec) -> tuple[str, ...]:
     return contract.RANK_IDENTITY_LABELS + spec.labels
 
@@ -32,22 +40,38 @@ class RankMetrics:
     def __init__(self, registry: CollectorRegistry, identity: dict[str, str]) -> None:
         self.registry = registry
         self.identity = identity
+        self._registered: list[Collector] = []
+        self.released = False
+        previous = _LATEST.get(registry)
+        if previous is not None and previous.released:
+            # The registry was instrumented before (prometheus' global one, say) and that
+            # handle is gone: its metrics make way for these.
+            previous.unregister()
+        _LATEST[registry] = self
+
+        def kept(metric: M) -> M:
+            self._registered.append(metric)
+            return metric
 
         def counter(spec: MetricSpec) -> Counter:
-            return Counter(
-                spec.client_name, spec.documentation, _labelnames(spec), registry=registry
+            return kept(
+                Counter(spec.client_name, spec.documentation, _labelnames(spec), registry=registry)
             )
 
         def gauge(spec: MetricSpec) -> Gauge:
-            return Gauge(spec.client_name, spec.documentation, _labelnames(spec), registry=registry)
+            return kept(
+                Gauge(spec.client_name, spec.documentation, _labelnames(spec), registry=registry)
+            )
 
         def histogram(spec: MetricSpec) -> Histogram:
-            return Histogram(
-                spec.client_name,
-                spec.documentation,
-                _labelnames(spec),
-                registry=registry,
-                buckets=DURATION_BUCKETS,
+            return kept(
+                Histogram(
+                    spec.client_name,
+                    spec.documentation,
+                    _labelnames(spec),
+                    registry=registry,
+                    buckets=DURATION_BUCKETS,
+                )
             )
 
         self.instrumentation_errors = counter(contract.INSTRUMENTATION_ERRORS)
@@ -77,12 +101,26 @@ class RankMetrics:
         self.oom_events = counter(contract.OOM_EVENTS).labels(**identity)
         self.oom_recoveries = counter(contract.OOM_RECOVERIES).labels(**identity)
         self.spans_dropped = counter(contract.SPANS_DROPPED).labels(**identity)
-        self.rank_info = Info(
-            contract.RANK_INFO.client_name,
-            contract.RANK_INFO.documentation,
-            contract.RANK_IDENTITY_LABELS,
-            registry=registry,
+        self.rank_info = kept(
+            Info(
+                contract.RANK_INFO.client_name,
+                contract.RANK_INFO.documentation,
+                contract.RANK_IDENTITY_LABELS,
+                registry=registry,
+            )
         ).labels(**identity)
+
+    def release(self) -> None:
+        """The handle is gone. The metrics stay readable (what uninstrument counted last, such
+        as spans dropped at shutdown, included) until the registry is instrumented again."""
+        self.released = True
+
+    def unregister(self) -> None:
+        """Take these metrics out of the registry."""
+        for metric in self._registered:
+            with contextlib.suppress(KeyError):  # already taken out
+                self.registry.unregister(metric)
+        self._registered.clear()
 
 
 CollectiveProgress = Callable[[], "tuple[int, int] | None"]

@@ -622,3 +622,15 @@ def test_a_saved_checkpoint_is_an_event_of_the_last_finished_step(
     assert getattr(saved, contract.FIELD_STEP) == "1"
     assert getattr(saved, contract.FIELD_DETAILS) == {"path": str(tmp_path / "latest.pt")}
     assert getattr(saved, contract.FIELD_TRACE_ID) == handle.trace_id(1)
+
+
+def test_the_same_registry_can_be_instrumented_again_after_uninstrument() -> None:
+    registry = CollectorRegistry()  # as prometheus_client's global REGISTRY would be
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        handle = instrument(model, optimizer, registry=registry)
+        run_steps(model, optimizer, 2)
+        handle.uninstrument()
+        # Readable after uninstrument; the next handle starts from zero.
+        assert sample(registry, "trainguard_steps_total") == 2
