@@ -325,6 +325,44 @@ def without_launcher_env(rank: int, world: int, out: Path) -> dict[str, Any]:
     return {"job_id": identity.job_id, "local_rank": identity.local_rank}
 
 
+def composed_comm_hook(rank: int, world: int, out: Path, steps: int) -> dict[str, Any]:
+    """Per-bucket mode around the user's fp16_compress_hook against DDP with that hook alone."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+    ours, theirs = make_ddp(), make_ddp()
+    theirs.register_comm_hook(None, fp16_compress_hook)
+    registry = CollectorRegistry()
+    handle = trainguard.instrument(
+        ours,
+        job_id="job-fp16",
+        registry=registry,
+        metrics_port=-1,
+        per_bucket=True,
+        comm_hook=fp16_compress_hook,
+    )
+    for step in range(steps):
+        for model in (ours, theirs):
+            model.zero_grad()
+            loss_of(model, batch(step, rank)).backward()
+    handle.flush()
+    same = all(
+        torch.equal(a.grad, b.grad)  # type: ignore[arg-type]
+        for a, b in zip(ours.parameters(), theirs.parameters(), strict=True)
+    )
+    timed = value(registry, "trainguard_grad_sync_duration_seconds_count", labels_of(handle))
+    handle.uninstrument()
+    already = make_ddp()
+    already.register_comm_hook(None, fp16_compress_hook)
+    try:
+        trainguard.instrument(
+            already, registry=CollectorRegistry(), metrics_port=-1, per_bucket=True
+        )
+        refused = ""
+    except ValueError as error:
+        refused = str(error)
+    return {"same_gradients": same, "buckets_timed": timed, "refused": refused}
+
+
 def oom_recovery(rank: int, world: int, out: Path, recovery: bool) -> dict[str, Any]:
     """Rank 0 cannot fit a 16-sample batch; compare gradients with an unsplit reference."""
     model = make_ddp(oom_above=8 if rank == 0 else None)

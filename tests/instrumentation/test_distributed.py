@@ -174,6 +174,14 @@ def test_without_torchrun_the_ranks_share_rank_0_s_job_id_and_differ_in_local_ra
     assert [r["local_rank"] for r in results] == [0, 1, 2]
 
 
+def test_per_bucket_mode_composes_the_user_s_comm_hook(tmp_path: Path) -> None:
+    steps = 3
+    for result in run_ranks(scenarios.composed_comm_hook, 2, tmp_path, steps=steps):
+        assert result["same_gradients"], "fp16 compression applied exactly as without trainguard"
+        assert result["buckets_timed"] >= steps
+        assert "comm_hook=" in result["refused"], "a hook registered beforehand is refused"
+
+
 def test_oom_recovery_splits_the_step_and_keeps_the_gradients(tmp_path: Path) -> None:
     results = run_ranks(scenarios.oom_recovery, 2, tmp_path, recovery=True)
     for rank, result in enumerate(results):
