@@ -4,7 +4,6 @@ the real Alertmanager inhibits the alerts its rules say (its API, receivers kept
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from tests.alerts.tools import ALERTS, binary, run
+from tests.ports import free_port
 from trainguard import contract
 from trainguard.contract import Alert, Severity
 
@@ -166,13 +166,6 @@ def offline_config(tmp_path: Path, sink: str) -> Path:
     rendered = tmp_path / "alertmanager.yml"
     rendered.write_text(yaml.safe_dump(data, sort_keys=False))
     return rendered
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> bool:

@@ -19,7 +19,8 @@ import pytest
 
 from tests.alerts.tools import RULES_FILE, binary
 from tests.diagnose import hang_run, synthetic
-from tests.instrumentation.harness import free_port, run_ranks
+from tests.instrumentation.harness import run_ranks
+from tests.ports import free_port
 
 
 @dataclass(frozen=True)

@@ -11,20 +11,15 @@ import datetime
 import faulthandler
 import json
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch.multiprocessing.spawn import start_processes
 
+from tests.ports import free_port
+
 Scenario = Callable[..., dict[str, Any]]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _entry(

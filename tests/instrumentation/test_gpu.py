@@ -13,9 +13,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import trainguard
+from tests.ports import free_port
 from trainguard.instrumentation.memory import MemorySampler
-
-from .harness import free_port
 
 pytestmark = pytest.mark.gpu
 

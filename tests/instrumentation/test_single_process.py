@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from torch import nn
 
 import trainguard
+from tests.ports import free_port
 from trainguard import contract
 from trainguard.events import EVENTS_LOGGER
 from trainguard.instrumentation import flight_recorder, tracing
@@ -30,8 +31,6 @@ from trainguard.instrumentation.hook import _job_id_from_rank0
 from trainguard.instrumentation.metrics import RankMetrics
 from trainguard.instrumentation.watchdog import CollectiveWatchdog, StepClock
 from trainguard.logs import configure_logging
-
-from .harness import free_port
 
 
 class Tiny(nn.Module):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,13 +12,8 @@ from typing import Any
 
 import httpx
 
+from tests.ports import free_port
 from trainguard import contract
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _records(path: Path, until: float, want: int = 1) -> list[dict[str, Any]]:
@@ -58,7 +52,7 @@ def test_the_exporter_logs_ecs_json(tmp_path: Path) -> None:
 
 def test_the_remediation_service_logs_ecs_json(tmp_path: Path) -> None:
     log_file = tmp_path / "remediation.ndjson"
-    port = _free_port()
+    port = free_port()
     args = ["trainguard.remediation.cli", "--port", str(port), "--insecure-no-auth"]
     proc = _run(args, log_file, TRAINGUARD_REMEDIATION_DB_PATH=str(tmp_path / "r.db"))
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.ports import free_port
 from tests.remediation.conftest import (
     AUTH,
     TOKEN,
@@ -96,12 +96,6 @@ def test_directive_queued_before_a_crash_is_not_queued_twice(settings: Settings)
     assert _db(live.db_path, "SELECT COUNT(*) FROM directives") == [(1,)]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start(db: Path, port: int) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
@@ -142,7 +136,7 @@ def _start(db: Path, port: int) -> subprocess.Popen[bytes]:
 
 def test_kill_9_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
     db = tmp_path / "load.db"
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = _start(db, port)
     acked: list[str] = []

@@ -76,10 +76,10 @@ def _fire(client: TestClient, name: str, **labels: str) -> dict[str, Any]:
 
 
 def test_restart_and_exclude_node_of_a_real_elastic_job(tmp_path: Path, settings: Settings) -> None:
-    from tests.remediation.test_durability import _free_port
+    from tests.ports import free_port
 
     job_id = f"elastic-{uuid.uuid4().hex[:8]}"
-    port = _free_port()
+    port = free_port()
     live = settings.model_copy(update={"dry_run": False, "require_approval": False})
     node_a = _agent(tmp_path, job_id, "node-a", port, host=True)
     agents = [node_a]
