@@ -107,6 +107,11 @@ def _unauthorized(runtime: Runtime, detail: str) -> HTTPException:
     )
 
 
+def _forbidden(runtime: Runtime, detail: str) -> HTTPException:
+    runtime.metrics.webhook_rejected.labels("unauthorized").inc()
+    return HTTPException(status_code=status.HTTP_403_FORBIDDEN, detail=detail)
+
+
 async def require_token(
     runtime: RuntimeDep, credentials: Annotated[Credentials, Depends(_bearer)]
 ) -> None:
@@ -137,10 +142,9 @@ async def require_operator_token(
     if runtime.operator_token is None:
         if runtime.settings.insecure_no_auth:
             return
-        runtime.metrics.webhook_rejected.labels("unauthorized").inc()
-        raise HTTPException(
-            status_code=status.HTTP_403_FORBIDDEN,
-            detail="operator endpoints are disabled: no operator token is configured; set "
+        raise _forbidden(
+            runtime,
+            "operator endpoints are disabled: no operator token is configured; set "
             f"{ENV_PREFIX}OPERATOR_TOKEN or {ENV_PREFIX}OPERATOR_TOKEN_FILE to approve, "
             "reject actions and reset circuit breakers",
         )
@@ -149,10 +153,9 @@ async def require_operator_token(
     if operator:
         return
     if webhook:
-        runtime.metrics.webhook_rejected.labels("unauthorized").inc()
-        raise HTTPException(
-            status_code=status.HTTP_403_FORBIDDEN,
-            detail="the webhook token cannot approve, reject or reset circuit breakers; "
+        raise _forbidden(
+            runtime,
+            "the webhook token cannot approve, reject or reset circuit breakers; "
             "present the operator token",
         )
     raise _unauthorized(runtime, "missing or wrong operator token")
