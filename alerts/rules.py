@@ -31,6 +31,7 @@ R = contract.LABEL_RANK
 N = contract.LABEL_NODE
 G = contract.LABEL_GPU
 PHASE = contract.LABEL_PHASE
+SCHEDULER = ", ".join(contract.SCHEDULER_LABELS)
 
 
 def _up(scrape_job: str) -> str:
@@ -155,12 +156,39 @@ def _with_labels(condition: str, on: str, labels: str, source: str) -> str:
     )
 
 
+def _one_scheduler_per(level: str, labels: str) -> str:
+    """One series per ``level`` value carrying its ranks' ``labels`` from ``rank_info``.
+
+    Ranks that name a scheduler win over ranks (of an older hook) that name none; ranks that
+    disagree leave one of their answers, never two series, which would break the join.
+    """
+    info = contract.RANK_INFO.name
+    scheduler = contract.LABEL_SCHEDULER
+    return (
+        f"topk by ({level}) (\n  1,\n"
+        f'  max by ({level}, {labels}) ({info}{{{scheduler}!=""}})\n'
+        f"  or on ({level})\n  max by ({level}, {labels}) ({info})\n)"
+    )
+
+
+def _on_scheduler_of_job(condition: str) -> str:
+    """A job's alert, labelled with where the job runs (the remediation service's routing)."""
+    return _with_labels(condition, J, SCHEDULER, contract.REC_JOB_SCHEDULER)
+
+
+def _on_scheduler_of_node(condition: str) -> str:
+    """A node's alert, labelled with the scheduler of the training ranks it runs, if any."""
+    return _with_labels(condition, N, contract.LABEL_SCHEDULER, contract.REC_NODE_SCHEDULER)
+
+
 def recording_rules(t: Thresholds) -> list[dict[str, str]]:
     """The recording rules, in evaluation order (later rules read earlier ones)."""
     w = t.rate_window
     c = contract
     fwd_data = f'{c.REC_RANK_PHASE_MEAN}{{{PHASE}=~"{c.Phase.DATA.value}|{c.Phase.FORWARD.value}"}}'
     rules = [
+        (c.REC_JOB_SCHEDULER, _one_scheduler_per(J, SCHEDULER)),
+        (c.REC_NODE_SCHEDULER, _one_scheduler_per(N, c.LABEL_SCHEDULER)),
         (c.REC_RANK_STEPS_RATE, f"sum by ({RANK}) (rate({c.STEPS.name}[{w}]))"),
         (c.REC_JOB_STEPS_RATE, f"max by ({J}) ({c.REC_RANK_STEPS_RATE})"),
         (c.REC_RANK_STEP_DURATION_MEAN, _mean(c.STEP_DURATION.name, RANK, w)),
@@ -320,7 +348,7 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.TRAINING_OOM,
             Severity.CRITICAL,
-            f"{unrecovered}\n> 0.5",
+            _on_scheduler_of_job(f"{unrecovered}\n> 0.5"),
             "0s",
             "CUDA out of memory on rank {{ $labels.rank }} of job {{ $labels.job_id }}",
             "{{ $value | printf `%.0f` }} out-of-memory error(s) in the last "
@@ -330,7 +358,7 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.TRAINING_OOM,
             Severity.WARNING,
-            f"{oom} > 0.5\nunless on ({rank_by})\n({unrecovered} > 0.5)",
+            _on_scheduler_of_job(f"{oom} > 0.5\nunless on ({rank_by})\n({unrecovered} > 0.5)"),
             "0s",
             "Recovered out-of-memory errors on rank {{ $labels.rank }} of job {{ $labels.job_id }}",
             "{{ $value | printf `%.0f` }} out-of-memory error(s) in the last "
@@ -341,12 +369,14 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.TRAINING_OOM_RISK,
             Severity.WARNING,
-            f"{c.REC_RANK_MEMORY_HEADROOM} < {_num(t.oom_risk_headroom_ratio)}\nor\n"
-            f"(\n  {c.REC_RANK_MEMORY_HEADROOM} < {_num(t.oom_risk_predict_headroom_ratio)}\n"
-            f"  and on ({rank_by})\n  (\n    sum by ({rank_by}) (predict_linear("
-            f"{c.MEMORY_ALLOCATED.name}[{t.oom_risk_predict_window}], "
-            f"{_num(t.oom_risk_predict_horizon_seconds)}))\n"
-            f"    >= on ({rank_by})\n    sum by ({rank_by}) ({c.MEMORY_CAPACITY.name})\n  )\n)",
+            _on_scheduler_of_job(
+                f"{c.REC_RANK_MEMORY_HEADROOM} < {_num(t.oom_risk_headroom_ratio)}\nor\n"
+                f"(\n  {c.REC_RANK_MEMORY_HEADROOM} < {_num(t.oom_risk_predict_headroom_ratio)}\n"
+                f"  and on ({rank_by})\n  (\n    sum by ({rank_by}) (predict_linear("
+                f"{c.MEMORY_ALLOCATED.name}[{t.oom_risk_predict_window}], "
+                f"{_num(t.oom_risk_predict_horizon_seconds)}))\n"
+                f"    >= on ({rank_by})\n    sum by ({rank_by}) ({c.MEMORY_CAPACITY.name})\n  )\n)"
+            ),
             t.oom_risk_for,
             "Memory about to run out on rank {{ $labels.rank }} of job {{ $labels.job_id }}",
             "Only {{ $value | humanizePercentage }} of device memory is free on "
@@ -358,7 +388,7 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.TRAINING_STRAGGLER,
             Severity.WARNING,
-            _with_labels(straggler, f"{J}, {R}", PHASE, slowest_phase),
+            _on_scheduler_of_job(_with_labels(straggler, f"{J}, {R}", PHASE, slowest_phase)),
             t.straggler_for,
             "Straggler: rank {{ $labels.rank }} of job {{ $labels.job_id }} on node "
             "{{ $labels.node }}",
@@ -372,11 +402,13 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.TRAINING_COLLECTIVE_STALLED,
             Severity.CRITICAL,
-            _with_labels(
-                stalled_collective,
-                J,
-                f"{R}, {contract.LABEL_LOCAL_RANK}, {N}",
-                c.REC_JOB_COLLECTIVE_LAGGARD,
+            _on_scheduler_of_job(
+                _with_labels(
+                    stalled_collective,
+                    J,
+                    f"{R}, {contract.LABEL_LOCAL_RANK}, {N}",
+                    c.REC_JOB_COLLECTIVE_LAGGARD,
+                )
             ),
             t.collective_stall_for,
             "Collective stalled in job {{ $labels.job_id }}"
@@ -393,8 +425,10 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.TRAINING_NCCL_TIMEOUT,
             Severity.CRITICAL,
-            f"sum by ({rank_by}) (increase({c.COLLECTIVE_TIMEOUTS.name}"
-            f"[{t.nccl_timeout_window}])) > 0",
+            _on_scheduler_of_job(
+                f"sum by ({rank_by}) (increase({c.COLLECTIVE_TIMEOUTS.name}"
+                f"[{t.nccl_timeout_window}])) > 0"
+            ),
             "0s",
             "NCCL collective timeout on rank {{ $labels.rank }} of job {{ $labels.job_id }}",
             f"A collective on {WHO} ran past its process group's timeout in the last "
@@ -404,7 +438,9 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.TRAINING_STALLED,
             Severity.CRITICAL,
-            _with_labels(stalled, J, f"{R}, {contract.LABEL_LOCAL_RANK}, {N}", stalest),
+            _on_scheduler_of_job(
+                _with_labels(stalled, J, f"{R}, {contract.LABEL_LOCAL_RANK}, {N}", stalest)
+            ),
             t.stalled_for,
             "Training job {{ $labels.job_id }} makes no progress",
             "No rank of job {{ $labels.job_id }} has completed a step for "
@@ -415,7 +451,7 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.TRAINING_RANK_DOWN,
             Severity.CRITICAL,
-            rank_down,
+            _on_scheduler_of_job(rank_down),
             t.rank_down_for,
             "Rank {{ $labels.rank }} of job {{ $labels.job_id }} is down",
             f"The metrics endpoint of {WHO} is down or gone while other ranks of the job "
@@ -425,8 +461,10 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.TRAINING_DATALOADER_BOUND,
             Severity.WARNING,
-            f"{c.REC_RANK_DATA_WAIT_RATIO} > {_num(t.dataloader_wait_ratio)}\n"
-            f"and on ({J}, {R}) ({_warmed_up(t)})",
+            _on_scheduler_of_job(
+                f"{c.REC_RANK_DATA_WAIT_RATIO} > {_num(t.dataloader_wait_ratio)}\n"
+                f"and on ({J}, {R}) ({_warmed_up(t)})"
+            ),
             t.dataloader_for,
             "Data loading bounds rank {{ $labels.rank }} of job {{ $labels.job_id }}",
             f"{WHO_START} spends "
@@ -437,10 +475,12 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.TRAINING_MEMORY_FRAGMENTATION,
             Severity.WARNING,
-            f"max by ({rank_by}) ({c.MEMORY_FRAGMENTATION.name}) > "
-            f"{_num(t.fragmentation_ratio)}\nand on ({rank_by})\n"
-            f"(sum by ({rank_by}) (increase({c.MEMORY_ALLOC_RETRIES.name}"
-            f"[{t.fragmentation_retry_window}])) > 0)",
+            _on_scheduler_of_job(
+                f"max by ({rank_by}) ({c.MEMORY_FRAGMENTATION.name}) > "
+                f"{_num(t.fragmentation_ratio)}\nand on ({rank_by})\n"
+                f"(sum by ({rank_by}) (increase({c.MEMORY_ALLOC_RETRIES.name}"
+                f"[{t.fragmentation_retry_window}])) > 0)"
+            ),
             t.fragmentation_for,
             "Fragmented GPU memory on rank {{ $labels.rank }} of job {{ $labels.job_id }}",
             "{{ $value | humanizePercentage }} of the memory reserved on "
@@ -451,7 +491,9 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.GPU_XID_ERROR,
             Severity.CRITICAL,
-            f'{xid}{{{contract.LABEL_XID}=~"{xid_critical}"}}[{t.xid_window}])) > 0',
+            _on_scheduler_of_node(
+                f'{xid}{{{contract.LABEL_XID}=~"{xid_critical}"}}[{t.xid_window}])) > 0'
+            ),
             "0s",
             "Critical Xid {{ $labels.xid }} on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
             "GPU {{ $labels.gpu }} on node {{ $labels.node }} reported Xid {{ $labels.xid }} "
@@ -462,7 +504,9 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.GPU_XID_ERROR,
             Severity.WARNING,
-            f'{xid}{{{contract.LABEL_XID}!~"{xid_critical}"}}[{t.xid_window}])) > 0',
+            _on_scheduler_of_node(
+                f'{xid}{{{contract.LABEL_XID}!~"{xid_critical}"}}[{t.xid_window}])) > 0'
+            ),
             "0s",
             "Xid {{ $labels.xid }} on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
             "GPU {{ $labels.gpu }} on node {{ $labels.node }} reported Xid {{ $labels.xid }} "
@@ -472,8 +516,10 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.GPU_THERMAL_THROTTLING,
             Severity.WARNING,
-            f"max by ({N}, {G}) ({c.GPU_CLOCK_THROTTLED.name}"
-            f'{{{contract.LABEL_REASON}=~"{t.thermal_throttle_reasons}"}}) == 1',
+            _on_scheduler_of_node(
+                f"max by ({N}, {G}) ({c.GPU_CLOCK_THROTTLED.name}"
+                f'{{{contract.LABEL_REASON}=~"{t.thermal_throttle_reasons}"}}) == 1'
+            ),
             t.thermal_for,
             "GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttling",
             "GPU {{ $labels.gpu }} on node {{ $labels.node }} has held its clocks down for "
@@ -483,7 +529,9 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.GPU_NVML_DOWN,
             Severity.WARNING,
-            f"max by ({N}) ({c.NVML_UP.name}) == 0\nor\nmax by ({N}) ({EXPORTER_UP}) == 0",
+            _on_scheduler_of_node(
+                f"max by ({N}) ({c.NVML_UP.name}) == 0\nor\nmax by ({N}) ({EXPORTER_UP}) == 0"
+            ),
             t.nvml_down_for,
             "No GPU telemetry from node {{ $labels.node }}",
             "NVML or the trainguard exporter on node {{ $labels.node }} stopped answering; "
@@ -493,8 +541,10 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
             t,
             Alert.NCCL_SOCKET_TRANSPORT_FALLBACK,
             Severity.WARNING,
-            f"max by ({N}) ({c.NCCL_INFO.client_name}_info"
-            f'{{{contract.LABEL_TRANSPORT}=~"{t.nccl_socket_transport}"}}) == 1',
+            _on_scheduler_of_node(
+                f"max by ({N}) ({c.NCCL_INFO.client_name}_info"
+                f'{{{contract.LABEL_TRANSPORT}=~"{t.nccl_socket_transport}"}}) == 1'
+            ),
             t.nccl_socket_for,
             "NCCL on node {{ $labels.node }} uses the Socket transport",
             "NCCL on node {{ $labels.node }} fell back to TCP sockets instead of InfiniBand "

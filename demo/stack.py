@@ -302,6 +302,9 @@ class Stack:
         return {
             contract.ENV_JOB_ID: DEMO_JOB_ID,
             contract.ENV_NODE: node,
+            # The demo's agents are torchrun on this host, even where this host is a pod or a
+            # Slurm allocation that detection would name; the local executor acts on them.
+            contract.ENV_SCHEDULER: contract.SCHEDULER_LOCAL,
             contract.ENV_FILE_SD_DIR: str(cfg.file_sd),
             contract.ENV_DUMP_DIR: str(cfg.dumps),
             contract.ENV_LOG_DIR: str(cfg.logs / "training"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
@@ -21,6 +21,8 @@ DEFAULT_METRICS_PORT = 9400
 DEFAULT_STALL_FLOOR_SECONDS = 30.0
 DEFAULT_STALL_FACTOR = 10.0
 DEFAULT_WATCHDOG_INTERVAL_SECONDS = 1.0
+# Every pod gets its namespace here unless service-account tokens are switched off.
+KUBERNETES_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 class EventIdentity(TypedDict):
@@ -50,6 +52,64 @@ class Identity:
             contract.LABEL_LOCAL_RANK: str(self.local_rank),
             contract.LABEL_NODE: self.node,
         }
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the job runs: the scheduler that launched it and that scheduler's handle on it.
+
+    Exported in ``rank_info``; the alert rules copy it onto the job's alerts, and the
+    remediation service acts through the executor it names.
+    """
+
+    scheduler: str
+    namespace: str = ""
+    slurm_job_id: str = ""
+
+    def labels(self) -> dict[str, str]:
+        return {
+            contract.LABEL_SCHEDULER: self.scheduler,
+            contract.LABEL_NAMESPACE: self.namespace,
+            contract.LABEL_SLURM_JOB_ID: self.slurm_job_id,
+        }
+
+
+def detect_placement(
+    env: Mapping[str, str],
+    scheduler: str | None = None,
+    namespace_file: Path = KUBERNETES_NAMESPACE_FILE,
+) -> Placement:
+    """Where this process runs, from what each scheduler puts in its environment.
+
+    ``scheduler`` (else ``TRAINGUARD_SCHEDULER``) overrides detection: Slurm sets
+    ``SLURM_JOB_ID`` in every step; Kubernetes sets ``KUBERNETES_SERVICE_HOST`` in every pod
+    and names the namespace in ``POD_NAMESPACE`` (the downward API, by convention) or the
+    service-account mount; anything else is taken for torchrun on hosts trainguard reaches.
+    """
+    chosen = scheduler or env.get(contract.ENV_SCHEDULER)
+    if not chosen:
+        if env.get("SLURM_JOB_ID"):
+            chosen = contract.SCHEDULER_SLURM
+        elif env.get("KUBERNETES_SERVICE_HOST"):
+            chosen = contract.SCHEDULER_KUBERNETES
+        else:
+            chosen = contract.SCHEDULER_LOCAL
+    if chosen not in contract.SCHEDULERS:
+        raise ValueError(
+            f"scheduler {chosen!r} (argument or {contract.ENV_SCHEDULER}) is not one of "
+            f"{', '.join(contract.SCHEDULERS)}"
+        )
+    if chosen == contract.SCHEDULER_SLURM:
+        return Placement(chosen, slurm_job_id=env.get("SLURM_JOB_ID", ""))
+    if chosen == contract.SCHEDULER_KUBERNETES:
+        namespace = env.get("POD_NAMESPACE", "")
+        if not namespace:
+            try:
+                namespace = namespace_file.read_text().strip()
+            except OSError:
+                namespace = ""  # the remediation service falls back to its default namespace
+        return Placement(chosen, namespace=namespace)
+    return Placement(chosen)
 
 
 @dataclass(frozen=True)
@@ -85,6 +145,8 @@ class InstrumentationConfig:
         remediation_url: the remediation service to take directives from; default
             ``TRAINGUARD_REMEDIATION_URL``; unset takes none. Its bearer token comes from
             ``TRAINGUARD_REMEDIATION_TOKEN``.
+        scheduler: what launched the job (``local``, ``kubernetes`` or ``slurm``); default
+            ``TRAINGUARD_SCHEDULER``, else detected (see :func:`detect_placement`).
     """
 
     job_id: str | None = None
@@ -107,6 +169,7 @@ class InstrumentationConfig:
     oom_split_max: int = 8
     start_step: int = 0
     remediation_url: str | None = None
+    scheduler: str | None = None
 
     def resolve_identity(
         self,
@@ -141,6 +204,9 @@ class InstrumentationConfig:
             world_size=self.world_size or world_size,
             node=node,
         )
+
+    def resolve_placement(self) -> Placement:
+        return detect_placement(os.environ, self.scheduler)
 
     def resolved_metrics_port(self) -> int:
         if self.metrics_port is not None:

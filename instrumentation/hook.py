@@ -120,6 +120,7 @@ class Instrumentation:
             ),
             device_index=self.device.index if self.device.type == "cuda" else None,
         )
+        self.placement = config.resolve_placement()
         labels = self.identity.labels()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = RankMetrics(self.registry, labels)
@@ -130,6 +131,7 @@ class Instrumentation:
                 contract.LABEL_BACKEND: self.backend,
                 "world_size": str(self.identity.world_size),
                 "device": str(self.device),
+                **self.placement.labels(),
             }
         )
 

@@ -185,8 +185,23 @@ INSTRUMENTATION_ERRORS = _counter(
 SPANS_DROPPED = _counter(
     "spans_dropped_total", "Spans that could not be exported (endpoint down, queue full)."
 )
+# Where a job runs: the scheduler that launched it (one of SCHEDULERS) and that scheduler's
+# handle on it. The ranks export them in rank_info; the alert rules copy them onto every alert
+# of the job, and the remediation service picks the executor they name.
+LABEL_SCHEDULER = "scheduler"
+LABEL_NAMESPACE = "namespace"  # Kubernetes namespace of the job's pods
+LABEL_SLURM_JOB_ID = "slurm_job_id"
+SCHEDULER_LABELS: tuple[str, ...] = (LABEL_SCHEDULER, LABEL_NAMESPACE, LABEL_SLURM_JOB_ID)
+SCHEDULER_LOCAL = "local"  # torchrun (elastic) on hosts trainguard's local executor reaches
+SCHEDULER_KUBERNETES = "kubernetes"
+SCHEDULER_SLURM = "slurm"
+SCHEDULERS: tuple[str, ...] = (SCHEDULER_LOCAL, SCHEDULER_KUBERNETES, SCHEDULER_SLURM)
+
 RANK_INFO = _info(
-    "rank_info", "Static facts about this training rank.", (LABEL_BACKEND, "world_size", "device")
+    "rank_info",
+    "Static facts about this training rank: its backend, world size and device, and where the "
+    "job runs (scheduler, Kubernetes namespace, Slurm job id; empty when not applicable).",
+    (LABEL_BACKEND, "world_size", "device", *SCHEDULER_LABELS),
 )
 
 RANK_METRICS: tuple[MetricSpec, ...] = (
@@ -446,6 +461,8 @@ ENV_DUMP_DIR = "TRAINGUARD_DUMP_DIR"
 ENV_NODE = "TRAINGUARD_NODE"
 ENV_STALL_FLOOR = "TRAINGUARD_STALL_FLOOR_SECONDS"
 ENV_REMEDIATION_URL = "TRAINGUARD_REMEDIATION_URL"
+# Overrides the detected scheduler (one of SCHEDULERS).
+ENV_SCHEDULER = "TRAINGUARD_SCHEDULER"
 # The node exporter: TRAINGUARD_EXPORTER_COLLECTOR_<NAME>=0|1 switches a collector.
 ENV_EXPORTER_COLLECTOR_PREFIX = "TRAINGUARD_EXPORTER_COLLECTOR_"
 ENV_EXPORTER_LISTEN_ADDRESS = "TRAINGUARD_EXPORTER_LISTEN_ADDRESS"
@@ -481,6 +498,9 @@ REC_JOB_STEPS_RATE = "job:trainguard_steps:rate5m"
 REC_JOB_OLDEST_INFLIGHT = "job:trainguard_collective_oldest_inflight_seconds:max"
 REC_JOB_STALL_THRESHOLD = "job:trainguard_collective_oldest_inflight_seconds:stall_threshold"
 REC_JOB_COLLECTIVE_LAGGARD = "job:trainguard_collectives_launched:laggard_rank"
+# One series per job (per node) carrying the scheduler labels of its ranks' rank_info.
+REC_JOB_SCHEDULER = "job:trainguard_rank_info:scheduler_labels"
+REC_NODE_SCHEDULER = "node:trainguard_rank_info:scheduler_labels"
 
 # Labels and annotations every alert carries.
 LABEL_SEVERITY = "severity"
@@ -497,7 +517,6 @@ class Severity(str, enum.Enum):
 
 
 # --- remediation service (emitted by trainguard.remediation) -------------------------------
-LABEL_SCHEDULER = "scheduler"  # alert label naming the job's scheduler: local|kubernetes|slurm
 LABEL_STATE = "state"
 LABEL_ACTION = "action"
 LABEL_EXECUTOR = "executor"

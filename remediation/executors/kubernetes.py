@@ -1,8 +1,9 @@
 """The Kubernetes executor, through the official ``kubernetes`` client.
 
 - ``restart_from_checkpoint`` deletes the job's pods (label ``trainguard.io/job-id=<job_id>`` by
-  default); the controller that owns them (Job, JobSet, PyTorchJob) recreates them and the
-  training script resumes from its last checkpoint.
+  default) in the alert's ``namespace`` (which the ranks report), else the configured one; the
+  controller that owns them (Job, JobSet, PyTorchJob) recreates them and the training script
+  resumes from its last checkpoint.
 - ``exclude_node`` cordons the alert's node and deletes the job's pods on it, so the controller
   reschedules them elsewhere and torchrun elastic re-rendezvouses.
 - ``drain_node`` cordons the node.
@@ -25,7 +26,6 @@ from trainguard.remediation.executors import ActionRecord, ExecutionError
 
 ANNOTATION_ACTION = "trainguard.io/action-id"
 ANNOTATION_ALERT = "trainguard.io/alert"
-LABEL_NAMESPACE = "namespace"
 _GONE = (404, 409)  # not found, or the precondition UID no longer matches: a replacement pod
 
 
@@ -68,7 +68,7 @@ class KubernetesExecutor:
         return [[pod.metadata.name, pod.metadata.uid] for pod in pods.items]
 
     def prepare(self, action: ActionRecord) -> dict[str, Any]:
-        namespace = action.labels.get(LABEL_NAMESPACE) or self._namespace
+        namespace = action.labels.get(contract.LABEL_NAMESPACE) or self._namespace
         job_id = action.labels.get(contract.LABEL_JOB_ID, "")
         node = action.labels.get(contract.LABEL_NODE, "")
         if action.action == "drain_node":

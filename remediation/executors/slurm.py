@@ -22,7 +22,6 @@ from typing import Any
 from trainguard import contract
 from trainguard.remediation.executors import ActionRecord, ExecutionError
 
-LABEL_SLURM_JOB_ID = "slurm_job_id"
 _RESTARTS = re.compile(r"\bRestarts=(\d+)\b")
 
 
@@ -59,7 +58,9 @@ class SlurmExecutor:
         return int(match.group(1))
 
     def prepare(self, action: ActionRecord) -> dict[str, Any]:
-        job = action.labels.get(LABEL_SLURM_JOB_ID) or action.labels.get(contract.LABEL_JOB_ID, "")
+        job = action.labels.get(contract.LABEL_SLURM_JOB_ID) or action.labels.get(
+            contract.LABEL_JOB_ID, ""
+        )
         snapshot: dict[str, Any] = {"job": job, "node": action.labels.get(contract.LABEL_NODE, "")}
         if action.action in ("restart_from_checkpoint", "exclude_node"):
             snapshot["restarts"] = self._restarts(job)

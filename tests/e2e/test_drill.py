@@ -166,6 +166,10 @@ def test_the_drill(tmp_path: Path) -> None:
     excluded = result.outcomes["straggler"].action
     assert excluded is not None and excluded["subject"] == DEMO_JOB_ID
     assert excluded["alert"]["labels"][contract.LABEL_NODE] == "node-b"
+    # The ranks said where the job runs (rank_info); the rules put it on the alert, and the
+    # service acted through that scheduler's executor.
+    assert excluded["alert"]["labels"][contract.LABEL_SCHEDULER] == contract.SCHEDULER_LOCAL
+    assert excluded["executor"] == contract.SCHEDULER_LOCAL
     # The repairs took: node-b's agent left and node-a trained on at world size 2, started
     # twice (after the exclusion and after the hang's restart; rank 0 writes the events), each
     # time from a checkpoint rather than from step 0.

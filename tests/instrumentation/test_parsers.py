@@ -1,5 +1,5 @@
 """Pure parts of the hook, on fixtures: reducer stats, Flight Recorder state, memory, batches,
-trace ids, file_sd."""
+trace ids, file_sd, the scheduler a job runs on."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from trainguard.instrumentation import flight_recorder, memory, oom, reducer, server, tracing
+from trainguard.instrumentation.config import Placement, detect_placement
 
 # Shaped like torch 2.13's ddp._get_ddp_logging_data() on gloo (values from a real run).
 LOGGING_DATA = {
@@ -182,3 +183,55 @@ def test_file_sd_target_file(tmp_path: Path) -> None:
     path = server.write_file_sd(tmp_path / "sd", "j-rank1", "n1:9401", labels)
     assert json.loads(path.read_text()) == [{"targets": ["n1:9401"], "labels": labels}]
     assert [p.name for p in (tmp_path / "sd").iterdir()] == ["j-rank1.json"], "no temp file left"
+
+
+# -- where the job runs ------------------------------------------------------------------------
+
+NO_NAMESPACE_FILE = Path("/nonexistent/serviceaccount/namespace")
+
+
+@pytest.mark.parametrize(
+    ("env", "placement"),
+    [
+        ({"TORCHELASTIC_RUN_ID": "r1"}, Placement("local")),
+        ({"SLURM_JOB_ID": "4242", "SLURM_PROCID": "3"}, Placement("slurm", slurm_job_id="4242")),
+        (
+            {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "POD_NAMESPACE": "ml"},
+            Placement("kubernetes", namespace="ml"),
+        ),
+        # The override wins over detection, and names no handle of another scheduler.
+        (
+            {"TRAINGUARD_SCHEDULER": "local", "SLURM_JOB_ID": "4242"},
+            Placement("local"),
+        ),
+        ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, Placement("kubernetes")),
+    ],
+)
+def test_the_scheduler_is_detected_from_its_environment(
+    env: dict[str, str], placement: Placement
+) -> None:
+    assert detect_placement(env, namespace_file=NO_NAMESPACE_FILE) == placement
+
+
+def test_a_pod_without_pod_namespace_reads_its_service_account_mount(tmp_path: Path) -> None:
+    namespace_file = tmp_path / "namespace"
+    namespace_file.write_text("research\n")
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
+    assert detect_placement(env, namespace_file=namespace_file) == Placement(
+        "kubernetes", namespace="research"
+    )
+
+
+def test_the_argument_overrides_the_environment() -> None:
+    env = {"TRAINGUARD_SCHEDULER": "slurm", "SLURM_JOB_ID": "7"}
+    placement = detect_placement(env, "kubernetes", namespace_file=NO_NAMESPACE_FILE)
+    assert placement == Placement("kubernetes")
+
+
+@pytest.mark.parametrize("given", [("nomad", {}), (None, {"TRAINGUARD_SCHEDULER": "pbs"})])
+def test_an_unknown_scheduler_is_refused_with_the_choices(
+    given: tuple[str | None, dict[str, str]],
+) -> None:
+    scheduler, env = given
+    with pytest.raises(ValueError, match="is not one of local, kubernetes, slurm"):
+        detect_placement(env, scheduler, namespace_file=NO_NAMESPACE_FILE)

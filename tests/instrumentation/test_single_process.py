@@ -283,6 +283,32 @@ def test_oom_recovery_gives_up_at_the_split_limit() -> None:
     handle.uninstrument()
 
 
+def test_rank_info_says_where_the_job_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.delenv(contract.ENV_SCHEDULER, raising=False)
+    registry = CollectorRegistry()
+    handle = instrument(Tiny(), registry=registry)
+    try:
+        info = sample(
+            registry,
+            contract.RANK_INFO.name,
+            backend="none",
+            world_size="1",
+            device="cpu",
+            scheduler="slurm",
+            namespace="",
+            slurm_job_id="4242",
+        )
+        assert info == 1.0
+    finally:
+        handle.uninstrument()
+
+
+def test_an_unknown_scheduler_fails_instrument_before_training() -> None:
+    with pytest.raises(ValueError, match="'nomad'"):
+        instrument(Tiny(), scheduler="nomad")
+
+
 def test_unknown_settings_are_refused() -> None:
     with pytest.raises(TypeError, match="unknown setting"):
         trainguard.instrument(Tiny(), per_bukket=True)

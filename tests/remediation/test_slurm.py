@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.remediation.conftest import AUTH, alert, payload, serve, wait_for
 from trainguard.remediation.executors import ActionRecord, ExecutionError
 from trainguard.remediation.executors.slurm import SlurmExecutor
+from trainguard.remediation.settings import Settings
 
 FAKE_SCONTROL = """#!{python}
 import os, sys
@@ -97,3 +99,29 @@ def test_scontrol_failures_are_reported(fake_slurm: Path) -> None:
         SlurmExecutor().prepare(_action("restart_from_checkpoint", slurm_job_id="1"))
     with pytest.raises(ExecutionError, match="No such file"):
         SlurmExecutor(scontrol=str(fake_slurm / "missing")).prepare(_action("exclude_node"))
+
+
+def test_the_service_requeues_the_slurm_job_its_alert_names(
+    fake_slurm: Path, settings: Settings
+) -> None:
+    # What the rules put on an alert of a job whose ranks run under Slurm (rank_info): the
+    # scheduler picks this executor, slurm_job_id the job to requeue (not trainguard's job id).
+    settings = settings.model_copy(update={"dry_run": False, "require_approval": False})
+    labels = {"job_id": "train-7", "rank": "1", "node": "n2"}
+    slurm = {"scheduler": "slurm", "slurm_job_id": "4242"}
+    with serve(settings) as client:
+        sent = payload(alert("TrainingRankDown", **labels, **slurm))
+        assert client.post("/v1/alertmanager", json=sent, headers=AUTH).status_code == 200
+
+        def finished() -> bool:
+            actions = client.get("/v1/actions", headers=AUTH).json()["actions"]
+            return bool(actions) and actions[0]["state"] == "succeeded"
+
+        wait_for(finished)
+        (action,) = client.get("/v1/actions", headers=AUTH).json()["actions"]
+    assert action["executor"] == "slurm"
+    assert _calls(fake_slurm) == [
+        "show job --oneliner 4242",
+        "show job --oneliner 4242",
+        "requeue 4242",
+    ]
