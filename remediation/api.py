@@ -240,7 +240,7 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz", tags=["operations"])
 async def readyz(store: StoreDep, worker: WorkerDep, response: Response) -> dict[str, str]:
-    """The store commits and the worker runs."""
+    """The store commits (its savepoint reaches the database server) and the worker runs."""
     problems = []
     if not worker.alive():
         problems.append("worker not running")

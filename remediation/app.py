@@ -32,7 +32,7 @@ from trainguard.remediation.hub import DirectiveHub
 from trainguard.remediation.metrics import Metrics
 from trainguard.remediation.policy import load_policy
 from trainguard.remediation.settings import Settings
-from trainguard.remediation.store import Store
+from trainguard.remediation.store import Store, probe
 from trainguard.remediation.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -125,15 +125,20 @@ class BodyLimit:
 def create_app(
     settings: Settings | None = None, executors: ExecutorFactory = default_executors
 ) -> FastAPI:
-    """The service. Raises ConfigurationError / PolicyError when it could not run safely."""
+    """The service. Raises ConfigurationError / PolicyError when it could not run safely, and
+    StoreError when its Postgres database cannot be reached."""
     settings = settings or Settings()
     token = settings.bearer_token()
     operator_token = settings.operator_bearer_token()
     policy = load_policy(settings.policy_file)
+    database = settings.database()
+    if isinstance(database, str):
+        # Before serving: an unreachable server is a one-line error, not a lifespan traceback.
+        probe(database)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = Store(settings.db_path, synchronous=settings.sqlite_synchronous)
+        store = Store(database, synchronous=settings.sqlite_synchronous)
         metrics = Metrics(store, settings.dry_run)
         hub = DirectiveHub(
             asyncio.get_running_loop(),

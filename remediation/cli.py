@@ -19,6 +19,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="listen address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="listen port (default 9095)")
     parser.add_argument("--db", type=Path, help="SQLite database file")
+    parser.add_argument(
+        "--database-url", help="Postgres URL (postgresql://...) instead of the SQLite file"
+    )
     parser.add_argument("--policy", type=Path, help="YAML policy (default: the shipped policy)")
     parser.add_argument("--token-file", type=Path, help="file holding the bearer token")
     parser.add_argument(
@@ -48,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from trainguard.logs import configure_process_logging
     from trainguard.remediation.policy import PolicyError, load_policy
     from trainguard.remediation.settings import ConfigurationError, Settings
+    from trainguard.remediation.store import StoreError
 
     if args.check_policy:
         try:
@@ -64,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             ("host", args.host),
             ("port", args.port),
             ("db_path", args.db),
+            ("database_url", args.database_url),
             ("policy_file", args.policy),
             ("token_file", args.token_file),
         )
@@ -84,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         from trainguard.remediation.app import create_app
 
         app = create_app(settings)
-    except (ConfigurationError, PolicyError, ValidationError) as exc:
+    except (ConfigurationError, PolicyError, StoreError, ValidationError) as exc:
         print(f"trainguard-remediation: {exc}", file=sys.stderr)
         return 2
 

@@ -20,14 +20,16 @@ have done, breaker trips included.
 
 from __future__ import annotations
 
+import functools
 import json
-import sqlite3
 import string
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from sqlalchemy import Connection
 
 from trainguard import contract
 from trainguard.remediation.actions import CATALOG, ActionKind
@@ -42,8 +44,8 @@ from trainguard.remediation.models import (
     WebhookResult,
 )
 from trainguard.remediation.policy import Policy, Step
+from trainguard.remediation.sql import Statement
 
-SCHEDULERS = ("local", "kubernetes", "slurm")
 HOUR = 3600.0
 # States of actions that count towards cooldown and budget: everything that was or would
 # have been carried out.
@@ -60,15 +62,81 @@ _PENDING_SQL = ",".join(f"'{s.value}'" for s in PENDING_STATES)
 # The state filter is spelled exactly as in the partial index ``actions_counted`` so that SQLite
 # uses it: suppressed and skipped actions (an alert storm's bulk) never slow the guards down.
 COUNTED_FILTER = f"state IN ({_COUNTED_SQL})"
-_GUARD_SQL = f"""
-SELECT
-    (SELECT reason FROM breakers WHERE subject = ?) AS breaker,
-    (SELECT MAX(created_at) FROM actions
-     WHERE subject = ? AND action = ? AND {COUNTED_FILTER}) AS last,
-    (SELECT COUNT(*) FROM actions INDEXED BY actions_counted
-     WHERE subject = ? AND {COUNTED_FILTER} AND created_at > MAX(
-        ?, COALESCE((SELECT reset_at FROM budget_resets WHERE subject = ?), 0))) AS used
-"""
+
+
+def _guard_sql(hint: str) -> Statement:
+    # The budget counts actions after both the hour's start and the last breaker reset (two
+    # comparisons: SQLite's two-argument MAX() is not Postgres's GREATEST()).
+    return Statement(f"""
+    SELECT
+        (SELECT reason FROM breakers WHERE subject = :subject) AS breaker,
+        (SELECT MAX(created_at) FROM actions
+         WHERE subject = :subject AND action = :action AND {COUNTED_FILTER}) AS last,
+        (SELECT COUNT(*) FROM actions {hint}
+         WHERE subject = :subject AND {COUNTED_FILTER} AND created_at > :since
+           AND created_at > COALESCE(
+               (SELECT reset_at FROM budget_resets WHERE subject = :subject), 0)) AS used
+    """)
+
+
+# SQLite's planner would otherwise walk ``actions_subject`` through every suppressed action;
+# Postgres has no index hints and picks the partial index from statistics.
+_GUARD_SQL = {"sqlite": _guard_sql("INDEXED BY actions_counted"), "postgresql": _guard_sql("")}
+_INSERT_TRANSITION = Statement(
+    "INSERT INTO transitions (action_id, state, at, note) VALUES (:action_id, :state, :at, :note)"
+)
+# A notification repeated by Alertmanager (retry, repeat_interval, HA peers) lands on the same
+# (fingerprint, startsAt) row; only a resolution changes it.
+_UPSERT_ALERT = Statement("""
+    INSERT INTO alerts (fingerprint, starts_at, name, status, labels, annotations,
+                        ends_at, generator_url, group_key, receiver, received_at)
+    VALUES (:fingerprint, :starts_at, :name, :status, :labels, :annotations,
+            :ends_at, :generator_url, :group_key, :receiver, :received_at)
+    ON CONFLICT (fingerprint, starts_at) DO UPDATE SET
+        notifications = alerts.notifications + 1,
+        status = CASE WHEN excluded.status = 'resolved' THEN 'resolved' ELSE alerts.status END,
+        ends_at = CASE WHEN excluded.status = 'resolved' THEN excluded.ends_at
+                       ELSE alerts.ends_at END
+    RETURNING id, notifications, status
+    """)
+_PENDING_OF_ALERT = Statement(f"""
+    SELECT actions.id FROM actions JOIN alerts ON alerts.id = actions.alert_id
+    WHERE alerts.fingerprint = :fingerprint AND actions.state IN ({_PENDING_SQL})
+    """)
+_DUE = Statement("""
+    SELECT alerts.id, name, labels, starts_at, ends_at, status
+    FROM deferred JOIN alerts ON alerts.id = deferred.alert_id
+    WHERE deferred.due_at <= :at
+    """)
+_UNDEFER = Statement("DELETE FROM deferred WHERE alert_id = :alert_id")
+_PLANNED_STEPS = Statement("SELECT step FROM actions WHERE alert_id = :alert_id")
+_DEFER = Statement(
+    "INSERT INTO deferred (alert_id, due_at) VALUES (:alert_id, :due_at) "
+    "ON CONFLICT (alert_id) DO UPDATE SET due_at = excluded.due_at"
+)
+_INSERT_ACTION = Statement("""
+    INSERT INTO actions (alert_id, step, subject, action, executor, params, destructive,
+                         state, reason, created_at, updated_at)
+    VALUES (:alert_id, :step, :subject, :action, :executor, :params, :destructive,
+            :state, :reason, :created_at, :updated_at)
+    RETURNING id
+    """)
+_TRIP_BREAKER = Statement(
+    "INSERT INTO breakers (subject, tripped_at, reason) VALUES (:subject, :at, :reason) "
+    "ON CONFLICT (subject) DO NOTHING"
+)
+_ACTION_STATE = Statement("SELECT state FROM actions WHERE id = :id")
+_CLOSE_BREAKER = Statement("DELETE FROM breakers WHERE subject = :subject")
+_RESET_BUDGET = Statement(
+    "INSERT INTO budget_resets (subject, reset_at) VALUES (:subject, :reset_at) "
+    "ON CONFLICT (subject) DO UPDATE SET reset_at = excluded.reset_at"
+)
+_DIRECTIVE = Statement("SELECT action_id, rank FROM directives WHERE id = :id")
+_INSERT_ACK = Statement("""
+    INSERT INTO directive_acks (directive_id, rank, outcome, detail, at)
+    VALUES (:directive_id, :rank, :outcome, :detail, :at)
+    ON CONFLICT (directive_id, rank) DO NOTHING
+    """)
 
 
 class NotFoundError(LookupError):
@@ -97,15 +165,25 @@ class Planned:
     decisions: list[tuple[str, ActionState]] = field(default_factory=list)
 
 
-def record_transition(conn: sqlite3.Connection, action_id: int, state: str, note: str) -> None:
-    conn.execute(
-        "INSERT INTO transitions (action_id, state, at, note) VALUES (?, ?, ?, ?)",
-        (action_id, state, time.time(), note),
+def record_transition(conn: Connection, action_id: int, state: str, note: str) -> None:
+    _INSERT_TRANSITION.run(
+        conn, {"action_id": action_id, "state": state, "at": time.time(), "note": note}
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _set_state_sql(columns: tuple[str, ...], expect: int | None) -> Statement:
+    """The compare-and-set update: built (and compiled) once per shape."""
+    assignments = ", ".join(["state = :state", "updated_at = :updated_at"])
+    assignments += "".join(f", {name} = :{name}" for name in columns)
+    sql = f"UPDATE actions SET {assignments} WHERE id = :id"
+    if expect is not None:
+        sql += f" AND state IN ({', '.join(f':expect_{i}' for i in range(expect))})"
+    return Statement(sql)
+
+
 def set_state(
-    conn: sqlite3.Connection,
+    conn: Connection,
     action_id: int,
     state: ActionState,
     note: str,
@@ -114,14 +192,17 @@ def set_state(
     **columns: Any,
 ) -> bool:
     """Move an action to ``state`` (only from one of ``expect`` when given); False if it wasn't."""
-    assignments = ["state = ?", "updated_at = ?", *(f"{name} = ?" for name in columns)]
-    values: list[Any] = [state.value, time.time(), *columns.values()]
-    sql = f"UPDATE actions SET {', '.join(assignments)} WHERE id = ?"
-    values.append(action_id)
+    values: dict[str, Any] = {
+        "state": state.value,
+        "updated_at": time.time(),
+        "id": action_id,
+        **columns,
+    }
     if expect is not None:
-        sql += f" AND state IN ({','.join('?' for _ in expect)})"
-        values.extend(s.value for s in expect)
-    if conn.execute(sql, values).rowcount == 0:
+        values.update({f"expect_{i}": s.value for i, s in enumerate(expect)})
+    sql = _set_state_sql(tuple(columns), None if expect is None else len(expect))
+    # The row count is the claim: of two writers (threads or replicas) only one moves it.
+    if sql.run(conn, values) == 0:
         return False
     record_transition(conn, action_id, state.value, note)
     return True
@@ -141,8 +222,8 @@ class Engine:
     # --- the webhook -----------------------------------------------------------------------
     def ingest(
         self, payload: WebhookPayload, now: float | None = None
-    ) -> Callable[[sqlite3.Connection], tuple[WebhookResult, Planned]]:
-        def unit(conn: sqlite3.Connection) -> tuple[WebhookResult, Planned]:
+    ) -> Callable[[Connection], tuple[WebhookResult, Planned]]:
+        def unit(conn: Connection) -> tuple[WebhookResult, Planned]:
             at = time.time() if now is None else now
             planned = Planned()
             stored = duplicates = resolved = cancelled = 0
@@ -182,52 +263,36 @@ class Engine:
 
     @staticmethod
     def _store_alert(
-        conn: sqlite3.Connection, payload: WebhookPayload, alert: WebhookAlert, at: float
+        conn: Connection, payload: WebhookPayload, alert: WebhookAlert, at: float
     ) -> tuple[int, int, AlertStatus]:
         """The alert's row id, how many notifications it has had, and its stored status."""
-        # A notification repeated by Alertmanager (retry, repeat_interval, HA peers) lands on
-        # the same (fingerprint, startsAt) row; only a resolution changes it.
-        row = conn.execute(
-            """
-            INSERT INTO alerts (fingerprint, starts_at, name, status, labels, annotations,
-                                ends_at, generator_url, group_key, receiver, received_at)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-            ON CONFLICT (fingerprint, starts_at) DO UPDATE SET
-                notifications = notifications + 1,
-                status = CASE WHEN excluded.status = 'resolved' THEN 'resolved' ELSE status END,
-                ends_at = CASE WHEN excluded.status = 'resolved' THEN excluded.ends_at
-                               ELSE ends_at END
-            RETURNING id, notifications, status
-            """,
-            (
-                alert.fingerprint,
-                alert.starts_at.isoformat(),
-                alert.name,
-                alert.status.value,
-                json.dumps(alert.labels, sort_keys=True),
-                json.dumps(alert.annotations, sort_keys=True),
-                _iso(alert.ends_at_or_none),
-                alert.generator_url,
-                payload.group_key,
-                payload.receiver,
-                at,
-            ),
-        ).fetchone()
-        return int(row["id"]), int(row["notifications"]), AlertStatus(row["status"])
+        row = _UPSERT_ALERT.first(
+            conn,
+            {
+                "fingerprint": alert.fingerprint,
+                "starts_at": alert.starts_at.isoformat(),
+                "name": alert.name,
+                "status": alert.status.value,
+                "labels": json.dumps(alert.labels, sort_keys=True),
+                "annotations": json.dumps(alert.annotations, sort_keys=True),
+                "ends_at": _iso(alert.ends_at_or_none),
+                "generator_url": alert.generator_url,
+                "group_key": payload.group_key,
+                "receiver": payload.receiver,
+                "received_at": at,
+            },
+        )
+        assert row is not None  # an upsert with RETURNING always returns its row
+        alert_id, notifications, status = row
+        return int(alert_id), int(notifications), AlertStatus(status)
 
     @staticmethod
-    def _cancel_pending(conn: sqlite3.Connection, fingerprint: str) -> int:
-        rows = conn.execute(
-            f"""
-            SELECT actions.id FROM actions JOIN alerts ON alerts.id = actions.alert_id
-            WHERE alerts.fingerprint = ? AND actions.state IN ({_PENDING_SQL})
-            """,
-            (fingerprint,),
-        ).fetchall()
-        for row in rows:
+    def _cancel_pending(conn: Connection, fingerprint: str) -> int:
+        rows = _PENDING_OF_ALERT.rows(conn, {"fingerprint": fingerprint})
+        for (action_id,) in rows:
             set_state(
                 conn,
-                row["id"],
+                action_id,
                 ActionState.CANCELLED,
                 "the alert resolved before the action ran",
                 expect=PENDING_STATES,
@@ -235,34 +300,25 @@ class Engine:
         return len(rows)
 
     # --- deferred steps --------------------------------------------------------------------
-    def sweep(self, now: float | None = None) -> Callable[[sqlite3.Connection], Planned]:
+    def sweep(self, now: float | None = None) -> Callable[[Connection], Planned]:
         """Plan the steps of firing alerts whose ``after_seconds`` has now passed."""
 
-        def unit(conn: sqlite3.Connection) -> Planned:
+        def unit(conn: Connection) -> Planned:
             at = time.time() if now is None else now
             planned = Planned()
             # Only alerts with a step coming due are looked at, not every firing alert.
-            rows = conn.execute(
-                """
-                SELECT alerts.id, name, labels, starts_at, ends_at, status
-                FROM deferred JOIN alerts ON alerts.id = deferred.alert_id
-                WHERE deferred.due_at <= ?
-                """,
-                (at,),
-            ).fetchall()
-            for row in rows:
-                conn.execute("DELETE FROM deferred WHERE alert_id = ?", (row["id"],))
-                if row["status"] != AlertStatus.FIRING.value or (
-                    row["ends_at"] is not None
-                    and datetime.fromisoformat(row["ends_at"]).timestamp() < at
+            for alert_id, name, labels, starts_at, ends_at, status in _DUE.rows(conn, {"at": at}):
+                _UNDEFER.run(conn, {"alert_id": alert_id})
+                if status != AlertStatus.FIRING.value or (
+                    ends_at is not None and datetime.fromisoformat(ends_at).timestamp() < at
                 ):
                     continue  # Alertmanager would have resolved it by now
                 self._plan(
                     conn,
-                    row["id"],
-                    row["name"],
-                    json.loads(row["labels"]),
-                    datetime.fromisoformat(row["starts_at"]),
+                    alert_id,
+                    name,
+                    json.loads(labels),
+                    datetime.fromisoformat(starts_at),
                     at,
                     planned,
                 )
@@ -273,7 +329,7 @@ class Engine:
     # --- planning and guards ---------------------------------------------------------------
     def _plan(
         self,
-        conn: sqlite3.Connection,
+        conn: Connection,
         alert_id: int,
         alertname: str,
         labels: Mapping[str, str],
@@ -288,8 +344,7 @@ class Engine:
             return
         done: set[int] = set()
         if not new:
-            rows = conn.execute("SELECT step FROM actions WHERE alert_id = ?", (alert_id,))
-            done = {row["step"] for row in rows}
+            done = {step for (step,) in _PLANNED_STEPS.rows(conn, {"alert_id": alert_id})}
         firing_for = at - starts_at.timestamp()
         next_due: float | None = None
         for index, step in enumerate(rule.actions):
@@ -305,14 +360,11 @@ class Engine:
             if state is ActionState.QUEUED:
                 planned.queued.append(action_id)
         if next_due is not None:
-            conn.execute(
-                "INSERT OR REPLACE INTO deferred (alert_id, due_at) VALUES (?, ?)",
-                (alert_id, next_due),
-            )
+            _DEFER.run(conn, {"alert_id": alert_id, "due_at": next_due})
 
     def _decide(
         self,
-        conn: sqlite3.Connection,
+        conn: Connection,
         alert_id: int,
         index: int,
         step: Step,
@@ -343,27 +395,24 @@ class Engine:
             elif spec.destructive and self.guards.require_approval:
                 state, reason = ActionState.AWAITING_APPROVAL, "destructive: waits for approval"
         reason = f"{reason}; alert firing for {firing_for:.0f}s"
-        row = conn.execute(
-            """
-            INSERT INTO actions (alert_id, step, subject, action, executor, params, destructive,
-                                 state, reason, created_at, updated_at)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id
-            """,
-            (
-                alert_id,
-                index,
-                subject,
-                step.action,
-                executor or "",
-                json.dumps(params, sort_keys=True),
-                int(spec.destructive),
-                state.value,
-                reason,
-                at,
-                at,
-            ),
-        ).fetchone()
-        action_id = int(row["id"])
+        inserted = _INSERT_ACTION.first(
+            conn,
+            {
+                "alert_id": alert_id,
+                "step": index,
+                "subject": subject,
+                "action": step.action,
+                "executor": executor or "",
+                "params": json.dumps(params, sort_keys=True),
+                "destructive": int(spec.destructive),
+                "state": state.value,
+                "reason": reason,
+                "created_at": at,
+                "updated_at": at,
+            },
+        )
+        assert inserted is not None  # INSERT ... RETURNING id
+        action_id = int(inserted[0])
         record_transition(conn, action_id, state.value, reason)
         return action_id, state
 
@@ -376,33 +425,30 @@ class Engine:
             params["text"] = string.Template(str(params.get("text", ""))).safe_substitute(labels)
             return "recommend", params
         scheduler = labels.get(contract.LABEL_SCHEDULER) or self.guards.default_scheduler
-        return (scheduler if scheduler in SCHEDULERS else None), params
+        return (scheduler if scheduler in contract.SCHEDULERS else None), params
 
     def _guard(
-        self, conn: sqlite3.Connection, subject: str, step: Step, at: float
+        self, conn: Connection, subject: str, step: Step, at: float
     ) -> tuple[ActionState, str]:
         # One statement for all three guards: the webhook's cost is mostly statements.
-        row = conn.execute(
-            _GUARD_SQL, (subject, subject, step.action, subject, at - HOUR, subject)
-        ).fetchone()
-        if row["breaker"] is not None:
-            return ActionState.SUPPRESSED, f"circuit breaker open for {subject}: {row['breaker']}"
+        row = _GUARD_SQL[conn.dialect.name].first(
+            conn, {"subject": subject, "action": step.action, "since": at - HOUR}
+        )
+        assert row is not None  # a SELECT of three scalar subqueries has one row
+        breaker, last, used = row
+        if breaker is not None:
+            return ActionState.SUPPRESSED, f"circuit breaker open for {subject}: {breaker}"
         cooldown = (
             self.guards.cooldown_seconds if step.cooldown_seconds is None else step.cooldown_seconds
         )
-        last = row["last"]
         if last is not None and at - last < cooldown:
             return (
                 ActionState.SUPPRESSED,
                 f"cooldown: {step.action} for {subject} {at - last:.0f}s ago (< {cooldown:.0f}s)",
             )
-        used = row["used"]
         if used >= self.guards.budget_per_hour:
             why = f"budget of {self.guards.budget_per_hour} actions per hour exhausted"
-            conn.execute(
-                "INSERT OR IGNORE INTO breakers (subject, tripped_at, reason) VALUES (?, ?, ?)",
-                (subject, at, why),
-            )
+            _TRIP_BREAKER.run(conn, {"subject": subject, "at": at, "reason": why})
             return ActionState.SUPPRESSED, f"{why}; circuit breaker tripped for {subject}"
         return ActionState.QUEUED, "policy"
 
@@ -410,9 +456,9 @@ class Engine:
     @staticmethod
     def decide(
         action_id: int, approve: bool, decision: Decision
-    ) -> Callable[[sqlite3.Connection], ActionState]:
-        def unit(conn: sqlite3.Connection) -> ActionState:
-            row = conn.execute("SELECT state FROM actions WHERE id = ?", (action_id,)).fetchone()
+    ) -> Callable[[Connection], ActionState]:
+        def unit(conn: Connection) -> ActionState:
+            row = _ACTION_STATE.first(conn, {"id": action_id})
             if row is None:
                 raise NotFoundError(f"no action {action_id}")
             target = ActionState.QUEUED if approve else ActionState.REJECTED
@@ -424,55 +470,52 @@ class Engine:
                 conn, action_id, target, note, expect=(ActionState.AWAITING_APPROVAL,)
             ):
                 waiting = ActionState.AWAITING_APPROVAL.value
-                raise ConflictError(f"action {action_id} is {row['state']}, not {waiting}")
+                raise ConflictError(f"action {action_id} is {row[0]}, not {waiting}")
             return target
 
         return unit
 
     @staticmethod
-    def reset_breaker(
-        subject: str, now: float | None = None
-    ) -> Callable[[sqlite3.Connection], None]:
+    def reset_breaker(subject: str, now: float | None = None) -> Callable[[Connection], None]:
         """Close the breaker and start the subject's budget afresh: the actions that tripped it
         no longer count, or the next action would trip it again at once."""
 
-        def unit(conn: sqlite3.Connection) -> None:
-            if conn.execute("DELETE FROM breakers WHERE subject = ?", (subject,)).rowcount == 0:
+        def unit(conn: Connection) -> None:
+            if _CLOSE_BREAKER.run(conn, {"subject": subject}) == 0:
                 raise NotFoundError(f"no open circuit breaker for {subject!r}")
-            conn.execute(
-                "INSERT INTO budget_resets (subject, reset_at) VALUES (?, ?) "
-                "ON CONFLICT (subject) DO UPDATE SET reset_at = excluded.reset_at",
-                (subject, time.time() if now is None else now),
-            )
+            reset_at = time.time() if now is None else now
+            _RESET_BUDGET.run(conn, {"subject": subject, "reset_at": reset_at})
 
         return unit
 
     @staticmethod
-    def ack(directive_id: int, ack: DirectiveAck) -> Callable[[sqlite3.Connection], int | None]:
+    def ack(directive_id: int, ack: DirectiveAck) -> Callable[[Connection], int | None]:
         """Record a rank's acknowledgement; the unit returns the directive's action when the
         acknowledgement is new (the worker looks at whether that action is done)."""
 
-        def unit(conn: sqlite3.Connection) -> int | None:
-            row = conn.execute(
-                "SELECT action_id, rank FROM directives WHERE id = ?", (directive_id,)
-            ).fetchone()
+        def unit(conn: Connection) -> int | None:
+            row = _DIRECTIVE.first(conn, {"id": directive_id})
             if row is None:
                 raise NotFoundError(f"no directive {directive_id}")
-            if row["rank"] is not None and row["rank"] != ack.rank:
-                raise ConflictError(f"directive {directive_id} is for rank {row['rank']}")
-            inserted = conn.execute(
-                """
-                INSERT OR IGNORE INTO directive_acks (directive_id, rank, outcome, detail, at)
-                VALUES (?, ?, ?, ?, ?)
-                """,
-                (directive_id, ack.rank, ack.outcome.value, ack.detail, time.time()),
-            ).rowcount
-            if inserted and row["action_id"] is not None:
+            action_id, rank = row
+            if rank is not None and rank != ack.rank:
+                raise ConflictError(f"directive {directive_id} is for rank {rank}")
+            inserted = _INSERT_ACK.run(
+                conn,
+                {
+                    "directive_id": directive_id,
+                    "rank": ack.rank,
+                    "outcome": ack.outcome.value,
+                    "detail": ack.detail,
+                    "at": time.time(),
+                },
+            )
+            if inserted and action_id is not None:
                 note = f"rank {ack.rank} acknowledged: {ack.outcome.value}"
                 if ack.detail:
                     note += f" ({ack.detail})"
-                record_transition(conn, row["action_id"], "acknowledged", note)
-                return int(row["action_id"])
+                record_transition(conn, action_id, "acknowledged", note)
+                return int(action_id)
             return None
 
         return unit

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from datetime import datetime, timezone
 from typing import Any
+
+from sqlalchemy import Connection, RowMapping, text
 
 from trainguard.remediation import reports
 from trainguard.remediation.executors import ActionRecord
@@ -24,18 +25,37 @@ SELECT actions.*, alerts.name AS alert_name, alerts.fingerprint, alerts.status A
        alerts.starts_at, alerts.received_at, alerts.labels, alerts.annotations
 FROM actions JOIN alerts ON alerts.id = actions.alert_id
 """
+_ACTION_BY_ID = text(_ACTION_SQL + " WHERE actions.id = :id")
+_TRANSITIONS = text("SELECT state, at, note FROM transitions WHERE action_id = :id ORDER BY id")
+_IDS_IN_STATE = text("SELECT id FROM actions WHERE state = :state ORDER BY id LIMIT :limit")
+_NEXT_RUNNABLE = text("""
+    SELECT id FROM actions AS later
+    WHERE state = :queued AND NOT EXISTS (
+        SELECT 1 FROM actions AS earlier
+        WHERE earlier.alert_id = later.alert_id AND earlier.step < later.step
+          AND earlier.state IN (:queued, :running))
+    ORDER BY id LIMIT 1
+    """)
+_AWAITED_OUTPUT = text("SELECT output FROM actions WHERE id = :id AND state = :running")
+_PENDING_DIRECTIVES = text("""
+    SELECT * FROM directives d
+    WHERE d.job_id = :job_id AND (d.rank IS NULL OR d.rank = :rank) AND d.created_at >= :since
+      AND NOT EXISTS (
+          SELECT 1 FROM directive_acks a WHERE a.directive_id = d.id AND a.rank = :rank)
+    ORDER BY d.id LIMIT :limit
+    """)
+_BREAKERS = text("SELECT * FROM breakers ORDER BY subject")
+_STATE_COUNTS = text("SELECT state, COUNT(*) AS n FROM actions GROUP BY state")
 
 
 def _time(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=timezone.utc)
 
 
-def _view(conn: sqlite3.Connection, row: sqlite3.Row) -> ActionView:
+def _view(conn: Connection, row: RowMapping) -> ActionView:
     transitions = [
         Transition(state=t["state"], at=_time(t["at"]), note=t["note"])
-        for t in conn.execute(
-            "SELECT state, at, note FROM transitions WHERE action_id = ? ORDER BY id", (row["id"],)
-        )
+        for t in conn.execute(_TRANSITIONS, {"id": row["id"]}).mappings()
     ]
     return ActionView(
         id=row["id"],
@@ -66,7 +86,7 @@ def _view(conn: sqlite3.Connection, row: sqlite3.Row) -> ActionView:
 
 
 def list_actions(
-    conn: sqlite3.Connection,
+    conn: Connection,
     *,
     state: ActionState | None = None,
     subject: str | None = None,
@@ -74,31 +94,29 @@ def list_actions(
     limit: int = 100,
 ) -> list[ActionView]:
     where: list[str] = []
-    args: list[Any] = []
+    args: dict[str, Any] = {"limit": limit}
     if state is not None:
-        where.append("actions.state = ?")
-        args.append(state.value)
+        where.append("actions.state = :state")
+        args["state"] = state.value
     if subject is not None:
-        where.append("actions.subject = ?")
-        args.append(subject)
+        where.append("actions.subject = :subject")
+        args["subject"] = subject
     if before_id is not None:
-        where.append("actions.id < ?")
-        args.append(before_id)
+        where.append("actions.id < :before_id")
+        args["before_id"] = before_id
     sql = _ACTION_SQL + (f" WHERE {' AND '.join(where)}" if where else "")
-    sql += " ORDER BY actions.id DESC LIMIT ?"
-    rows = conn.execute(sql, [*args, limit]).fetchall()
+    sql += " ORDER BY actions.id DESC LIMIT :limit"
+    rows = conn.execute(text(sql), args).mappings().all()
     return [_view(conn, row) for row in rows]
 
 
-def get_action(conn: sqlite3.Connection, action_id: int) -> ActionView | None:
-    row = conn.execute(_ACTION_SQL + " WHERE actions.id = ?", (action_id,)).fetchone()
+def get_action(conn: Connection, action_id: int) -> ActionView | None:
+    row = conn.execute(_ACTION_BY_ID, {"id": action_id}).mappings().first()
     return None if row is None else _view(conn, row)
 
 
-def action_record(
-    conn: sqlite3.Connection, action_id: int
-) -> tuple[ActionRecord, dict[str, Any] | None]:
-    row = conn.execute(_ACTION_SQL + " WHERE actions.id = ?", (action_id,)).fetchone()
+def action_record(conn: Connection, action_id: int) -> tuple[ActionRecord, dict[str, Any] | None]:
+    row = conn.execute(_ACTION_BY_ID, {"id": action_id}).mappings().one()
     record = ActionRecord(
         id=row["id"],
         action=row["action"],
@@ -112,56 +130,39 @@ def action_record(
     return record, snapshot
 
 
-def ids_in_state(conn: sqlite3.Connection, state: ActionState, limit: int = 1) -> list[int]:
-    rows = conn.execute(
-        "SELECT id FROM actions WHERE state = ? ORDER BY id LIMIT ?", (state.value, limit)
-    ).fetchall()
-    return [int(row["id"]) for row in rows]
+def ids_in_state(conn: Connection, state: ActionState, limit: int = 1) -> list[int]:
+    ids = conn.execute(_IDS_IN_STATE, {"state": state.value, "limit": limit}).scalars()
+    return [int(action_id) for action_id in ids]
 
 
-def next_runnable(conn: sqlite3.Connection) -> int | None:
+def next_runnable(conn: Connection) -> int | None:
     """The oldest queued action no earlier step of its plan is still ahead of (queued, or
     running: a directive waiting for the ranks' acknowledgements holds back what follows it)."""
-    row = conn.execute(
-        """
-        SELECT id FROM actions AS later
-        WHERE state = ? AND NOT EXISTS (
-            SELECT 1 FROM actions AS earlier
-            WHERE earlier.alert_id = later.alert_id AND earlier.step < later.step
-              AND earlier.state IN (?, ?))
-        ORDER BY id LIMIT 1
-        """,
-        (ActionState.QUEUED.value, ActionState.QUEUED.value, ActionState.RUNNING.value),
-    ).fetchone()
-    return None if row is None else int(row["id"])
+    action_id = conn.execute(
+        _NEXT_RUNNABLE,
+        {"queued": ActionState.QUEUED.value, "running": ActionState.RUNNING.value},
+    ).scalar()
+    return None if action_id is None else int(action_id)
 
 
-def awaited_output(conn: sqlite3.Connection, action_id: int) -> dict[str, Any] | None:
+def awaited_output(conn: Connection, action_id: int) -> dict[str, Any] | None:
     """What a running action's execution returned, stored while it waits for others (the
     ranks' acknowledgements); None when it is not running or not carried out yet."""
-    row = conn.execute(
-        "SELECT output FROM actions WHERE id = ? AND state = ?",
-        (action_id, ActionState.RUNNING.value),
-    ).fetchone()
-    if row is None or row["output"] is None:
+    stored = conn.execute(
+        _AWAITED_OUTPUT, {"id": action_id, "running": ActionState.RUNNING.value}
+    ).scalar()
+    if stored is None:
         return None
-    output: dict[str, Any] = json.loads(row["output"])
+    output: dict[str, Any] = json.loads(stored)
     return output
 
 
 def pending_directives(
-    conn: sqlite3.Connection, job_id: str, rank: int, since: float, limit: int = 100
+    conn: Connection, job_id: str, rank: int, since: float, limit: int = 100
 ) -> list[Directive]:
     rows = conn.execute(
-        """
-        SELECT * FROM directives d
-        WHERE d.job_id = ? AND (d.rank IS NULL OR d.rank = ?) AND d.created_at >= ?
-          AND NOT EXISTS (
-              SELECT 1 FROM directive_acks a WHERE a.directive_id = d.id AND a.rank = ?)
-        ORDER BY d.id LIMIT ?
-        """,
-        (job_id, rank, since, rank, limit),
-    ).fetchall()
+        _PENDING_DIRECTIVES, {"job_id": job_id, "rank": rank, "since": since, "limit": limit}
+    ).mappings()
     return [
         Directive(
             id=row["id"],
@@ -175,15 +176,12 @@ def pending_directives(
     ]
 
 
-def breakers(conn: sqlite3.Connection) -> list[Breaker]:
+def breakers(conn: Connection) -> list[Breaker]:
     return [
         Breaker(subject=row["subject"], tripped_at=_time(row["tripped_at"]), reason=row["reason"])
-        for row in conn.execute("SELECT * FROM breakers ORDER BY subject")
+        for row in conn.execute(_BREAKERS).mappings()
     ]
 
 
-def state_counts(conn: sqlite3.Connection) -> dict[str, int]:
-    return {
-        row["state"]: int(row["n"])
-        for row in conn.execute("SELECT state, COUNT(*) AS n FROM actions GROUP BY state")
-    }
+def state_counts(conn: Connection) -> dict[str, int]:
+    return {row["state"]: int(row["n"]) for row in conn.execute(_STATE_COUNTS).mappings()}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
+from sqlalchemy import Connection, text
 
 from trainguard import contract
 from trainguard.remediation.executors import ActionRecord
@@ -44,13 +44,23 @@ class ActionReport(BaseModel):
     error: str | None = Field(description="Why no report could be made (Prometheus down, ...).")
 
 
-def has_report(conn: sqlite3.Connection, action_id: int) -> bool:
-    row = conn.execute("SELECT 1 FROM reports WHERE action_id = ?", (action_id,)).fetchone()
-    return row is not None
+_HAS_REPORT = text("SELECT 1 FROM reports WHERE action_id = :action_id")
+_REPORT = text("SELECT * FROM reports WHERE action_id = :action_id")
+_STORE_REPORT = text("""
+    INSERT INTO reports (action_id, job_id, created_at, markdown, report, error)
+    VALUES (:action_id, :job_id, :created_at, :markdown, :report, :error)
+    ON CONFLICT (action_id) DO UPDATE SET
+        job_id = excluded.job_id, created_at = excluded.created_at,
+        markdown = excluded.markdown, report = excluded.report, error = excluded.error
+    """)
 
 
-def get_report(conn: sqlite3.Connection, action_id: int) -> ActionReport | None:
-    row = conn.execute("SELECT * FROM reports WHERE action_id = ?", (action_id,)).fetchone()
+def has_report(conn: Connection, action_id: int) -> bool:
+    return conn.execute(_HAS_REPORT, {"action_id": action_id}).first() is not None
+
+
+def get_report(conn: Connection, action_id: int) -> ActionReport | None:
+    row = conn.execute(_REPORT, {"action_id": action_id}).mappings().first()
     if row is None:
         return None
     return ActionReport(
@@ -111,15 +121,15 @@ class ReportAttacher:
                 # the report says why it is missing.
                 log.warning("diagnosis for action %d (job %s) failed: %s", action_id, job_id, exc)
                 error = str(exc) or repr(exc)
-        row = (action_id, job_id or "", time.time(), markdown, report, error)
+        row = {
+            "action_id": action_id,
+            "job_id": job_id or "",
+            "created_at": time.time(),
+            "markdown": markdown,
+            "report": report,
+            "error": error,
+        }
         try:
-            self._store.write_sync(
-                lambda conn: conn.execute(
-                    "INSERT OR REPLACE INTO reports "
-                    "(action_id, job_id, created_at, markdown, report, error) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    row,
-                )
-            )
+            self._store.write_sync(lambda conn: conn.execute(_STORE_REPORT, row))
         except Exception:
             log.exception("could not store the diagnosis of action %d", action_id)

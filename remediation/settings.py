@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1 << 20, gt=0)
 
     # --- storage ---
+    database_url: str | None = Field(
+        default=None,
+        description="Postgres URL (postgresql://user:password@host:5432/db) for replicas "
+        "sharing one database; SQLite at db_path when unset.",
+    )
     db_path: Path = Path("trainguard-remediation.db")
     # FULL fsyncs every commit (survives power loss); NORMAL survives a killed process only.
     sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
@@ -111,6 +116,20 @@ class Settings(BaseSettings):
     diagnose_dumps_dir: Path | None = Field(
         default=None, description="The ranks' Flight Recorder dump folder, if mounted here."
     )
+
+    def database(self) -> Path | str:
+        """What the store opens: the Postgres URL on the psycopg driver, else the SQLite file.
+
+        Raises ConfigurationError when the URL cannot be parsed or is not a Postgres URL.
+        """
+        if self.database_url is None:
+            return self.db_path
+        from trainguard.remediation.store import StoreError, normalise_url
+
+        try:
+            return normalise_url(self.database_url).render_as_string(hide_password=False)
+        except StoreError as exc:
+            raise ConfigurationError(f"{ENV_PREFIX}DATABASE_URL: {exc}") from exc
 
     def bearer_token(self) -> str | None:
         """The token clients must present, or None when auth is explicitly disabled.

@@ -1,14 +1,21 @@
-"""Durable state: SQLite in WAL mode, one writer thread with group commit.
+"""Durable state through SQLAlchemy Core: SQLite (WAL) by default, or Postgres from a URL.
 
 Every change goes through :meth:`Store.write`: a function that runs inside a transaction on the
 writer thread. The writer takes whatever units are queued, runs each inside its own savepoint
 (one failing unit does not undo the others), commits once and only then resolves the callers'
 futures, so a caller that got a result knows its change is on disk. Batching many requests into
-one fsync is what lets ``synchronous=FULL`` keep up with Alertmanager bursts.
+one fsync is what lets ``synchronous=FULL`` (or Postgres's ``fsync``) keep up with Alertmanager
+bursts.
 
-Reads use one connection per thread; WAL lets them run while the writer commits.
+Reads run on pooled connections; SQLite's WAL (or Postgres's MVCC) lets them run while the
+writer commits.
 
-Only SQLite is supported. A Postgres URL is refused at start-up rather than half-supported.
+SQLite is the embedded default (one process owns the file). A Postgres URL lets several service
+replicas share one database: each replica's writer commits its own webhooks, the state changes
+that claim and finish actions are compare-and-set updates, and only the replica whose worker
+holds the session-level advisory lock (:meth:`Store.hold_worker_lock`) executes actions. When
+that replica dies its session ends, the lock is released and another replica's worker takes
+over, resuming the actions left ``running``.
 """
 
 from __future__ import annotations
@@ -16,156 +23,260 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
-import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    make_url,
+    text,
+)
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+from trainguard.remediation.engine import COUNTED_FILTER
+from trainguard.remediation.sql import Statement
+
 T = TypeVar("T")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS alerts (
-    id INTEGER PRIMARY KEY,
-    fingerprint TEXT NOT NULL,
-    starts_at TEXT NOT NULL,
-    name TEXT NOT NULL,
-    status TEXT NOT NULL,
-    labels TEXT NOT NULL,
-    annotations TEXT NOT NULL,
-    ends_at TEXT,
-    generator_url TEXT NOT NULL,
-    group_key TEXT NOT NULL,
-    receiver TEXT NOT NULL,
-    received_at REAL NOT NULL,
-    notifications INTEGER NOT NULL DEFAULT 1,
-    UNIQUE (fingerprint, starts_at)
-);
-CREATE INDEX IF NOT EXISTS alerts_status ON alerts (status);
-CREATE TABLE IF NOT EXISTS actions (
-    id INTEGER PRIMARY KEY,
-    alert_id INTEGER NOT NULL REFERENCES alerts (id),
-    step INTEGER NOT NULL,
-    subject TEXT NOT NULL,
-    action TEXT NOT NULL,
-    executor TEXT NOT NULL,
-    params TEXT NOT NULL,
-    destructive INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    snapshot TEXT,
-    output TEXT,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    UNIQUE (alert_id, step)
-);
-CREATE INDEX IF NOT EXISTS actions_state ON actions (state, id);
-CREATE INDEX IF NOT EXISTS actions_alert ON actions (alert_id);
-CREATE INDEX IF NOT EXISTS actions_subject ON actions (subject, id);
-CREATE TABLE IF NOT EXISTS transitions (
-    id INTEGER PRIMARY KEY,
-    action_id INTEGER NOT NULL REFERENCES actions (id),
-    state TEXT NOT NULL,
-    at REAL NOT NULL,
-    note TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS transitions_action ON transitions (action_id, id);
-CREATE TABLE IF NOT EXISTS directives (
-    id INTEGER PRIMARY KEY,
-    action_id INTEGER UNIQUE REFERENCES actions (id),
-    job_id TEXT NOT NULL,
-    rank INTEGER,
-    kind TEXT NOT NULL,
-    params TEXT NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS directives_job ON directives (job_id, id);
-CREATE TABLE IF NOT EXISTS directive_acks (
-    directive_id INTEGER NOT NULL REFERENCES directives (id),
-    rank INTEGER NOT NULL,
-    outcome TEXT NOT NULL,
-    detail TEXT NOT NULL,
-    at REAL NOT NULL,
-    PRIMARY KEY (directive_id, rank)
-);
-CREATE TABLE IF NOT EXISTS deferred (
-    alert_id INTEGER PRIMARY KEY REFERENCES alerts (id),
-    due_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS deferred_due ON deferred (due_at);
-CREATE TABLE IF NOT EXISTS breakers (
-    subject TEXT PRIMARY KEY,
-    tripped_at REAL NOT NULL,
-    reason TEXT NOT NULL
-);
--- When an operator last reset a subject's breaker: its budget counts actions after this only.
-CREATE TABLE IF NOT EXISTS budget_resets (
-    subject TEXT PRIMARY KEY,
-    reset_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS reports (
-    action_id INTEGER PRIMARY KEY REFERENCES actions (id),
-    job_id TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    markdown TEXT,
-    report TEXT,
-    error TEXT
-);
-"""
+metadata = MetaData()
+
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("fingerprint", Text, nullable=False),
+    Column("starts_at", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("labels", Text, nullable=False),
+    Column("annotations", Text, nullable=False),
+    Column("ends_at", Text),
+    Column("generator_url", Text, nullable=False),
+    Column("group_key", Text, nullable=False),
+    Column("receiver", Text, nullable=False),
+    Column("received_at", Float, nullable=False),
+    Column("notifications", Integer, nullable=False, server_default=text("1")),
+    UniqueConstraint("fingerprint", "starts_at"),
+    Index("alerts_status", "status"),
+)
+actions = Table(
+    "actions",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("alert_id", Integer, ForeignKey("alerts.id"), nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("subject", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("executor", Text, nullable=False),
+    Column("params", Text, nullable=False),
+    Column("destructive", Integer, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("snapshot", Text),
+    Column("output", Text),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    UniqueConstraint("alert_id", "step"),
+    Index("actions_state", "state", "id"),
+    Index("actions_alert", "alert_id"),
+    Index("actions_subject", "subject", "id"),
+    # The guards' cooldown and budget look only at counted actions: suppressed and skipped
+    # ones (an alert storm's bulk) stay out of this index and never slow the guards down.
+    Index(
+        "actions_counted",
+        "subject",
+        "action",
+        "created_at",
+        sqlite_where=text(COUNTED_FILTER),
+        postgresql_where=text(COUNTED_FILTER),
+    ),
+)
+transitions = Table(
+    "transitions",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("action_id", Integer, ForeignKey("actions.id"), nullable=False),
+    Column("state", Text, nullable=False),
+    Column("at", Float, nullable=False),
+    Column("note", Text, nullable=False),
+    Index("transitions_action", "action_id", "id"),
+)
+directives = Table(
+    "directives",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("action_id", Integer, ForeignKey("actions.id"), unique=True),
+    Column("job_id", Text, nullable=False),
+    Column("rank", Integer),
+    Column("kind", Text, nullable=False),
+    Column("params", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Index("directives_job", "job_id", "id"),
+)
+directive_acks = Table(
+    "directive_acks",
+    metadata,
+    Column("directive_id", Integer, ForeignKey("directives.id"), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("detail", Text, nullable=False),
+    Column("at", Float, nullable=False),
+    PrimaryKeyConstraint("directive_id", "rank"),
+)
+deferred = Table(
+    "deferred",
+    metadata,
+    Column("alert_id", Integer, ForeignKey("alerts.id"), primary_key=True, autoincrement=False),
+    Column("due_at", Float, nullable=False),
+    Index("deferred_due", "due_at"),
+)
+breakers = Table(
+    "breakers",
+    metadata,
+    Column("subject", Text, primary_key=True),
+    Column("tripped_at", Float, nullable=False),
+    Column("reason", Text, nullable=False),
+)
+# When an operator last reset a subject's breaker: its budget counts actions after this only.
+budget_resets = Table(
+    "budget_resets",
+    metadata,
+    Column("subject", Text, primary_key=True),
+    Column("reset_at", Float, nullable=False),
+)
+reports = Table(
+    "reports",
+    metadata,
+    Column("action_id", Integer, ForeignKey("actions.id"), primary_key=True, autoincrement=False),
+    Column("job_id", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("markdown", Text),
+    Column("report", Text),
+    Column("error", Text),
+)
 
 _BATCH = 512
-
-
-def _counted_index() -> str:
-    # Imported late: the engine imports this module.
-    from trainguard.remediation.engine import COUNTED_FILTER
-
-    return (
-        "CREATE INDEX IF NOT EXISTS actions_counted "
-        f"ON actions (subject, action, created_at) WHERE {COUNTED_FILTER};"
-    )
-
-
+# Readers are the request threads (FastAPI's pool of 40) and the worker.
+_POOL_SIZE = 8
+_POOL_OVERFLOW = 40
+# Which session-level advisory lock the replicas' workers contend for ("tg-remediation").
+_WORKER_LOCK_KEY = 0x7467_2D72_656D
 _STOP = object()
+_SAVEPOINT = Statement("SAVEPOINT unit")
+_RELEASE_SAVEPOINT = Statement("RELEASE SAVEPOINT unit")
+_ROLLBACK_TO_SAVEPOINT = Statement("ROLLBACK TO SAVEPOINT unit")
 
 
 class StoreError(RuntimeError):
-    """The store is closed or its database cannot be written."""
+    """The store is closed or its database cannot be reached or written."""
+
+
+def normalise_url(url: str) -> URL:
+    """A Postgres URL on the psycopg 3 driver; raises StoreError for anything else."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StoreError(f"the database URL cannot be parsed: {exc}") from exc
+    if parsed.drivername in ("postgres", "postgresql", "postgresql+psycopg"):
+        return parsed.set(drivername="postgresql+psycopg")
+    raise StoreError(
+        f"unsupported database URL scheme {parsed.drivername!r}: use postgresql:// "
+        "(or leave the URL unset for SQLite)"
+    )
+
+
+def describe(url: URL) -> str:
+    """Where the database is, for messages: never the password."""
+    if url.get_backend_name() == "sqlite":
+        return f"SQLite {url.database}"
+    return f"Postgres at {url.host or 'localhost'}:{url.port or 5432}/{url.database or ''}"
+
+
+def probe(url: str) -> None:
+    """Connect to the Postgres database at ``url`` once; raises StoreError naming the host."""
+    parsed = normalise_url(url)
+    engine = create_engine(parsed, poolclass=NullPool, connect_args={"connect_timeout": 5})
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        raise StoreError(f"cannot reach the database ({describe(parsed)}): {_reason(exc)}") from exc
+    finally:
+        engine.dispose()
+
+
+def _as_store_error(exc: Exception) -> Exception:
+    """A unit's database error as the StoreError its caller handles (the API answers 503);
+    its own errors (not found, conflict) as they are."""
+    if not isinstance(exc, SQLAlchemyError):
+        return exc
+    error = StoreError(f"the database refused the change: {_reason(exc)}")
+    error.__cause__ = exc
+    return error
+
+
+def _reason(exc: SQLAlchemyError) -> str:
+    """The driver's message, first line only (psycopg adds hints on the following ones)."""
+    return (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0]
 
 
 class Store:
-    """The service's SQLite database."""
+    """The service's database: a SQLite file (a :class:`Path`) or a Postgres URL (a str)."""
 
-    def __init__(self, path: Path, *, synchronous: str = "FULL") -> None:
-        if str(path).startswith(("postgres:", "postgresql:")):
-            raise StoreError("only SQLite is supported; a Postgres URL is not accepted")
-        self.path = path
-        self._synchronous = synchronous
+    def __init__(self, location: Path | str, *, synchronous: str = "FULL") -> None:
+        if isinstance(location, Path):
+            self.url = URL.create("sqlite+pysqlite", database=str(location))
+            self.engine = _sqlite_engine(self.url, synchronous)
+        else:
+            self.url = normalise_url(location)
+            self.engine = create_engine(
+                self.url,
+                pool_size=_POOL_SIZE,
+                max_overflow=_POOL_OVERFLOW,
+                # A replica outlives database restarts: stale pooled connections are replaced.
+                pool_pre_ping=True,
+                # An unreachable host fails start-up and /readyz instead of hanging them.
+                connect_args={"connect_timeout": 5},
+            )
+        self.dialect = self.engine.dialect.name
         self._queue: queue.Queue[Any] = queue.Queue()
-        self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
-        self._readers_lock = threading.Lock()
         self._closed = False
-        self._writer_conn = self._connect()
-        self._writer_conn.executescript(SCHEMA + _counted_index())
+        self._lock_conn: Connection | None = None
+        self._lock_mutex = threading.Lock()
+        try:
+            self._writer_conn = self.engine.connect()
+            self._writer_conn.info["writer"] = True
+            with self._writer_conn.begin():
+                metadata.create_all(self._writer_conn)
+        except SQLAlchemyError as exc:
+            self.engine.dispose()
+            raise StoreError(
+                f"cannot open the database ({describe(self.url)}): {_reason(exc)}"
+            ) from exc
         self._writer = threading.Thread(
             target=self._write_loop, name="trainguard-remediation-writer", daemon=True
         )
         self._writer.start()
 
-    def _connect(self) -> sqlite3.Connection:
-        # isolation_level=None: transactions are explicit (BEGIN/COMMIT below).
-        conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=30.0
-        )
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self._synchronous}")
-        conn.execute("PRAGMA foreign_keys=ON")
-        return conn
-
     # --- writing ---------------------------------------------------------------------------
-    def submit(self, unit: Callable[[sqlite3.Connection], T]) -> concurrent.futures.Future[T]:
+    def submit(self, unit: Callable[[Connection], T]) -> concurrent.futures.Future[T]:
         """Queue ``unit`` to run in a transaction; the future resolves after the commit."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         if self._closed:
@@ -174,10 +285,10 @@ class Store:
         self._queue.put((unit, future))
         return future
 
-    def write_sync(self, unit: Callable[[sqlite3.Connection], T]) -> T:
+    def write_sync(self, unit: Callable[[Connection], T]) -> T:
         return self.submit(unit).result()
 
-    async def write(self, unit: Callable[[sqlite3.Connection], T]) -> T:
+    async def write(self, unit: Callable[[Connection], T]) -> T:
         return await asyncio.wrap_future(self.submit(unit))
 
     def _write_loop(self) -> None:
@@ -212,30 +323,29 @@ class Store:
 
     @staticmethod
     def _run_batch(
-        conn: sqlite3.Connection,
-        batch: list[tuple[Callable[[sqlite3.Connection], Any], concurrent.futures.Future[Any]]],
+        conn: Connection,
+        batch: list[tuple[Callable[[Connection], Any], concurrent.futures.Future[Any]]],
     ) -> None:
         # A caller that gave up (a cancelled future) gets nothing written; the others' futures
         # can no longer be cancelled, so resolving them below cannot fail.
         batch = [item for item in batch if item[1].set_running_or_notify_cancel()]
         outcomes: list[tuple[bool, Any]] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            for unit, _ in batch:
-                conn.execute("SAVEPOINT unit")
-                try:
-                    result = unit(conn)
-                except Exception as exc:
-                    conn.execute("ROLLBACK TO unit")
-                    conn.execute("RELEASE unit")
-                    outcomes.append((False, exc))
-                else:
-                    conn.execute("RELEASE unit")
-                    outcomes.append((True, result))
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            with conn.begin():
+                for unit, _ in batch:
+                    _SAVEPOINT.run(conn, {})
+                    try:
+                        result = unit(conn)
+                    except Exception as exc:
+                        _ROLLBACK_TO_SAVEPOINT.run(conn, {})
+                        _RELEASE_SAVEPOINT.run(conn, {})
+                        outcomes.append((False, _as_store_error(exc)))
+                    else:
+                        _RELEASE_SAVEPOINT.run(conn, {})
+                        outcomes.append((True, result))
+        except SQLAlchemyError as exc:
+            # The transaction was rolled back (a lost Postgres connection is replaced on the
+            # next batch); nobody is told their change is stored.
             error = StoreError(f"commit failed: {exc}")
             for _, future in batch:
                 future.set_exception(error)
@@ -247,17 +357,57 @@ class Store:
                 future.set_exception(value)
 
     # --- reading ---------------------------------------------------------------------------
-    def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``query`` on this thread's read connection."""
+    def read(self, query: Callable[[Connection], T]) -> T:
+        """Run ``query`` on a pooled connection, in one read transaction."""
         if self._closed:
             raise StoreError("the store is closed")
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._connect()
-            self._local.conn = conn
-            with self._readers_lock:
-                self._readers.append(conn)
-        return query(conn)
+        try:
+            with self.engine.connect() as conn:
+                return query(conn)
+        except OperationalError as exc:
+            raise StoreError(f"cannot read the database: {exc.orig}") from exc
+
+    # --- the worker's lock -----------------------------------------------------------------
+    def hold_worker_lock(self) -> bool:
+        """True while this process may execute actions (keeps or takes the lock).
+
+        On Postgres the replicas' workers contend for one session-level advisory lock held by a
+        dedicated connection: when the holder dies, its session ends and another replica takes
+        over. A SQLite file has one service process, which always holds it.
+        """
+        if self.dialect != "postgresql":
+            return True
+        with self._lock_mutex:
+            if self._lock_conn is not None:
+                try:
+                    self._lock_conn.execute(text("SELECT 1"))
+                    return True
+                except SQLAlchemyError:
+                    # The session is gone and its lock with it: contend again below.
+                    self._release_lock_conn()
+            try:
+                conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            except SQLAlchemyError:
+                return False
+            try:
+                held = conn.execute(
+                    text("SELECT pg_try_advisory_lock(:key)"), {"key": _WORKER_LOCK_KEY}
+                ).scalar()
+            except SQLAlchemyError:
+                held = False
+            if held:
+                self._lock_conn = conn
+                return True
+            conn.close()
+            return False
+
+    def _release_lock_conn(self) -> None:
+        if self._lock_conn is not None:
+            # Closing without unlocking is enough (and all a broken session allows): the lock
+            # belongs to the session, and a pooled connection's session could keep it.
+            self._lock_conn.invalidate()
+            self._lock_conn.close()
+            self._lock_conn = None
 
     def writer_alive(self) -> bool:
         return self._writer.is_alive() and not self._closed
@@ -268,7 +418,33 @@ class Store:
         self._closed = True
         self._queue.put(_STOP)
         self._writer.join()
-        with self._readers_lock:
-            for conn in self._readers:
-                conn.close()
-            self._readers.clear()
+        with self._lock_mutex:
+            self._release_lock_conn()
+        self.engine.dispose()
+
+
+def _sqlite_engine(url: URL, synchronous: str) -> Engine:
+    engine = create_engine(
+        url,
+        pool_size=_POOL_SIZE,
+        max_overflow=_POOL_OVERFLOW,
+        connect_args={"check_same_thread": False, "timeout": 30.0},
+    )
+
+    # SQLAlchemy's documented pysqlite recipe: the driver's own transaction handling is turned
+    # off and SQLAlchemy emits BEGIN itself, so that savepoints work and the writer's BEGIN is
+    # IMMEDIATE (it takes the write lock up front instead of failing to upgrade mid-batch).
+    @event.listens_for(engine, "connect")
+    def connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.info.get("writer") else "BEGIN")
+
+    return engine

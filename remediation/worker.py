@@ -13,17 +13,25 @@ An action of an :class:`~trainguard.remediation.executors.AwaitingExecutor` (a d
 when an acknowledgement arrives or the executor's next deadline passes, and meanwhile runs other
 plans' actions. Later steps of the same plan wait for it. A restarted worker finds the stored
 execution and resumes the wait instead of executing again.
+
+Replicas sharing one Postgres database all accept webhooks, but only one worker executes: each
+turn of the loop starts by holding the store's advisory lock (:meth:`Store.hold_worker_lock`);
+the others stand by and look again every second. A worker that takes the lock over (its holder
+died) first resumes the actions left ``running``, as after a restart. The claims themselves stay
+compare-and-set updates, so even two workers that both believed they held the lock could not
+execute one action twice.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from sqlalchemy import Connection, text
 
 from trainguard import contract
 from trainguard.events import log_event
@@ -46,6 +54,12 @@ log = logging.getLogger(__name__)
 # The audit trail's entry for an action carried out that now waits for others to report back.
 WAITING = "waiting"
 _RETRY_SECONDS = 1.0
+# How often a standby replica's worker tries to take the lock over.
+_STANDBY_SECONDS = 1.0
+_RECORD_WAIT = text(
+    "UPDATE actions SET output = :output, updated_at = :updated_at "
+    "WHERE id = :id AND state = :running"
+)
 
 
 class Worker:
@@ -107,6 +121,12 @@ class Worker:
         resumed = False
         while not self._stop.is_set():
             try:
+                if not self._store.hold_worker_lock():
+                    # Another replica's worker executes; when it dies, this one resumes.
+                    resumed = False
+                    self._recheck_at.clear()
+                    self._stop.wait(_STANDBY_SECONDS)
+                    continue
                 if not resumed:
                     for action_id in self._store.read(
                         lambda conn: queries.ids_in_state(conn, ActionState.RUNNING, 10_000)
@@ -225,10 +245,15 @@ class Worker:
             progress = None
         note = progress.note if isinstance(progress, Waiting) else "carried out; waiting"
 
-        def wait(conn: sqlite3.Connection) -> bool:
+        def wait(conn: Connection) -> bool:
             updated = conn.execute(
-                "UPDATE actions SET output = ?, updated_at = ? WHERE id = ? AND state = ?",
-                (json.dumps(output), time.time(), record.id, ActionState.RUNNING.value),
+                _RECORD_WAIT,
+                {
+                    "output": json.dumps(output),
+                    "updated_at": time.time(),
+                    "id": record.id,
+                    "running": ActionState.RUNNING.value,
+                },
             ).rowcount
             if updated:
                 record_transition(conn, record.id, WAITING, note)

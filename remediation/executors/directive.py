@@ -18,10 +18,11 @@ wait where it was.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from sqlalchemy import Connection, RowMapping, text
 
 from trainguard import contract
 from trainguard.remediation.actions import CATALOG, ActionKind
@@ -31,6 +32,17 @@ from trainguard.remediation.store import Store
 
 # A directive goes to every rank unless the policy step says ``target: alert_rank``.
 TARGET_PARAM = "target"
+# Queued once per action even when a restarted worker executes it again.
+_QUEUE_DIRECTIVE = text("""
+    INSERT INTO directives (action_id, job_id, rank, kind, params, created_at)
+    VALUES (:action_id, :job_id, :rank, :kind, :params, :created_at)
+    ON CONFLICT (action_id) DO NOTHING
+    """)
+_DIRECTIVE_OF_ACTION = text("SELECT id FROM directives WHERE action_id = :action_id")
+_CREATED_AT = text("SELECT created_at FROM directives WHERE id = :id")
+_ACKS = text(
+    "SELECT rank, outcome, detail, at FROM directive_acks WHERE directive_id = :id ORDER BY at"
+)
 
 
 def _ranks(ranks: Iterable[int]) -> str:
@@ -73,25 +85,19 @@ class DirectiveExecutor:
         params = {k: v for k, v in action.params.items() if k != TARGET_PARAM}
         job_id = str(snapshot["job_id"])
 
-        def unit(conn: sqlite3.Connection) -> int:
+        def unit(conn: Connection) -> int:
             conn.execute(
-                """
-                INSERT OR IGNORE INTO directives (action_id, job_id, rank, kind, params, created_at)
-                VALUES (?, ?, ?, ?, ?, ?)
-                """,
-                (
-                    action.id,
-                    job_id,
-                    snapshot["rank"],
-                    action.action,
-                    json.dumps(params),
-                    time.time(),
-                ),
+                _QUEUE_DIRECTIVE,
+                {
+                    "action_id": action.id,
+                    "job_id": job_id,
+                    "rank": snapshot["rank"],
+                    "kind": action.action,
+                    "params": json.dumps(params),
+                    "created_at": time.time(),
+                },
             )
-            row = conn.execute(
-                "SELECT id FROM directives WHERE action_id = ?", (action.id,)
-            ).fetchone()
-            return int(row["id"])
+            return int(conn.execute(_DIRECTIVE_OF_ACTION, {"action_id": action.id}).scalar_one())
 
         directive_id = self._store.write_sync(unit)
         self._notify(job_id)
@@ -108,16 +114,10 @@ class DirectiveExecutor:
     ) -> Waiting | Finished:
         directive_id = int(output["directive_id"])
 
-        def query(conn: sqlite3.Connection) -> tuple[float, list[sqlite3.Row]]:
-            created = conn.execute(
-                "SELECT created_at FROM directives WHERE id = ?", (directive_id,)
-            ).fetchone()
-            acks = conn.execute(
-                "SELECT rank, outcome, detail, at FROM directive_acks WHERE directive_id = ? "
-                "ORDER BY at",
-                (directive_id,),
-            ).fetchall()
-            return float(created["created_at"]), acks
+        def query(conn: Connection) -> tuple[float, list[RowMapping]]:
+            created = conn.execute(_CREATED_AT, {"id": directive_id}).scalar_one()
+            acks = conn.execute(_ACKS, {"id": directive_id}).mappings().all()
+            return float(created), list(acks)
 
         created_at, acks = self._store.read(query)
         acked = [int(ack["rank"]) for ack in acks]

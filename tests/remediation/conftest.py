@@ -1,4 +1,8 @@
-"""Fixtures: a service on a temporary database, payload builders, a recording executor."""
+"""Fixtures: a service on a temporary database, payload builders, a recording executor.
+
+``settings`` is a SQLite database; tests marked :data:`both_backends` run twice, the second time
+on a database of their own in the session's Postgres cluster (:mod:`tests.remediation.postgres`).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,10 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
+from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.pool import NullPool
 
+from tests.remediation import postgres
 from trainguard.remediation.app import create_app, default_executors
 from trainguard.remediation.executors import ActionRecord, Executor
 from trainguard.remediation.hub import DirectiveHub
@@ -79,9 +86,18 @@ class RecordingExecutor:
         return {"done": action.action}
 
 
+both_backends = pytest.mark.parametrize("settings", ["sqlite", "postgres"], indirect=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[postgres.Cluster]:
+    with postgres.cluster() as cluster:
+        yield cluster
+
+
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return Settings(
+def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    base = Settings(
         token=SecretStr(TOKEN),
         operator_token=SecretStr(OPERATOR_TOKEN),
         db_path=tmp_path / "remediation.db",
@@ -89,6 +105,31 @@ def settings(tmp_path: Path) -> Settings:
         sqlite_synchronous="NORMAL",
         long_poll_max_seconds=5.0,
     )
+    if getattr(request, "param", "sqlite") == "postgres":
+        cluster: postgres.Cluster = request.getfixturevalue("postgres_cluster")
+        return base.model_copy(update={"database_url": cluster.new_database()})
+    return base
+
+
+def fresh_database(settings: Settings, name: str) -> Settings:
+    """The same settings on another, empty database (of the same backend)."""
+    if settings.database_url is None:
+        return settings.model_copy(update={"db_path": settings.db_path.with_suffix(f".{name}")})
+    current = make_url(settings.database_url).database
+    url = postgres.create_database(settings.database_url, f"{current}_{name}")
+    return settings.model_copy(update={"database_url": url})
+
+
+def rows(settings: Settings, sql: str) -> list[tuple[Any, ...]]:
+    """What ``sql`` returns from the service's database, read on a connection of its own."""
+    database = settings.database()
+    url = f"sqlite:///{database}" if isinstance(database, Path) else database
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.execute(text(sql))]
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from tests.remediation.conftest import (
     AUTH,
     TOKEN,
     alert,
+    both_backends,
     executors_with,
     payload,
     serve_http,
@@ -26,6 +27,7 @@ def _live(settings: Settings) -> Settings:
     return settings.model_copy(update={"dry_run": False})
 
 
+@both_backends
 def test_client_receives_and_acks_directives(settings: Settings) -> None:
     received: list[tuple[int, Directive]] = []
     lock = threading.Lock()
@@ -133,6 +135,7 @@ def test_from_env() -> None:
     assert client is not None and not client.running
 
 
+@both_backends
 def test_ack_errors(settings: Settings) -> None:
     with serve_http(create_app(settings, executors_with())) as url:
         response = httpx.post(f"{url}/v1/directives/42/ack", json={"rank": 0}, headers=AUTH)

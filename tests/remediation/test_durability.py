@@ -12,6 +12,9 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
 
 from tests.ports import free_port
 from tests.remediation.conftest import (
@@ -19,7 +22,9 @@ from tests.remediation.conftest import (
     TOKEN,
     RecordingExecutor,
     alert,
+    both_backends,
     payload,
+    rows,
     serve,
     wait_for,
 )
@@ -96,11 +101,16 @@ def test_directive_queued_before_a_crash_is_not_queued_twice(settings: Settings)
     assert _db(live.db_path, "SELECT COUNT(*) FROM directives") == [(1,)]
 
 
-def _start(db: Path, port: int) -> subprocess.Popen[bytes]:
+def _start(settings: Settings, port: int) -> subprocess.Popen[bytes]:
+    database = (
+        {"TRAINGUARD_REMEDIATION_DB_PATH": str(settings.db_path)}
+        if settings.database_url is None
+        else {"TRAINGUARD_REMEDIATION_DATABASE_URL": settings.database_url}
+    )
     env = {
         **os.environ,
+        **database,
         "TRAINGUARD_REMEDIATION_TOKEN": TOKEN,
-        "TRAINGUARD_REMEDIATION_DB_PATH": str(db),
         "TRAINGUARD_REMEDIATION_REQUIRE_APPROVAL": "false",
         "TRAINGUARD_REMEDIATION_COOLDOWN_SECONDS": "0",
         "TRAINGUARD_REMEDIATION_BUDGET_PER_HOUR": "1000000",
@@ -134,11 +144,11 @@ def _start(db: Path, port: int) -> subprocess.Popen[bytes]:
         time.sleep(0.1)
 
 
-def test_kill_9_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    db = tmp_path / "load.db"
+@both_backends
+def test_kill_9_under_load_loses_nothing_acknowledged(settings: Settings) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _start(db, port)
+    proc = _start(settings, port)
     acked: list[str] = []
     errors = 0
     lock = threading.Lock()
@@ -176,33 +186,38 @@ def test_kill_9_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
         thread.join()
     assert errors > 0  # requests were in flight when the process died
 
-    proc = _start(db, port)
+    proc = _start(settings, port)
     try:
-        stored = {row[0] for row in _db(db, "SELECT fingerprint FROM alerts")}
+        stored = {row[0] for row in rows(settings, "SELECT fingerprint FROM alerts")}
         assert set(acked) <= stored, f"{len(set(acked) - stored)} acknowledged alerts lost"
         # Every acknowledged alert was planned in the same transaction: two actions each.
-        planned = _db(
-            db,
+        planned = rows(
+            settings,
             "SELECT COUNT(*) FROM actions JOIN alerts ON alerts.id = actions.alert_id",
         )[0][0]
         assert planned == 2 * len(stored)
 
         def drained() -> bool:
-            rows = _db(db, "SELECT COUNT(*) FROM actions WHERE state IN ('queued', 'running')")
-            return rows[0][0] == 0
+            left = rows(
+                settings, "SELECT COUNT(*) FROM actions WHERE state IN ('queued', 'running')"
+            )
+            return bool(left[0][0] == 0)
 
         wait_for(drained, timeout=60)
         # Exactly once: each checkpoint_now action queued exactly one directive, and, with no
         # rank to acknowledge it, failed by the acknowledgement timeout and by nothing else.
-        timed_out = _db(
-            db,
+        # The error is the output's only "error" key (json.dumps spells it this way).
+        timed_out = rows(
+            settings,
             "SELECT COUNT(*) FROM actions WHERE action = 'checkpoint_now' AND state = 'failed' "
-            "AND json_extract(output, '$.error') LIKE 'timed out after 0.2s: no rank%'",
+            """AND output LIKE '%"error": "timed out after 0.2s: no rank%'""",
         )
-        assert timed_out == _db(db, "SELECT COUNT(*) FROM directives")
-        assert timed_out == _db(db, "SELECT COUNT(*) FROM actions WHERE action = 'checkpoint_now'")
-        assert _db(db, "SELECT COUNT(*) FROM actions WHERE state = 'failed'") == timed_out
-        assert _db(db, "SELECT DISTINCT state FROM actions WHERE action = 'recommend'") == [
+        assert timed_out == rows(settings, "SELECT COUNT(*) FROM directives")
+        assert timed_out == rows(
+            settings, "SELECT COUNT(*) FROM actions WHERE action = 'checkpoint_now'"
+        )
+        assert rows(settings, "SELECT COUNT(*) FROM actions WHERE state = 'failed'") == timed_out
+        assert rows(settings, "SELECT DISTINCT state FROM actions WHERE action = 'recommend'") == [
             ("succeeded",)
         ]
     finally:
@@ -219,14 +234,57 @@ def test_a_caller_that_gave_up_gets_nothing_written(tmp_path: Path) -> None:
         blocker = store.submit(lambda conn: gate.wait(5))
         wait_for(blocker.running)  # the next units queue behind it
         abandoned = store.submit(
-            lambda conn: conn.execute("INSERT INTO breakers VALUES ('x', 0, 'r')")
+            lambda conn: conn.execute(text("INSERT INTO breakers VALUES ('x', 0, 'r')"))
         )
         assert abandoned.cancel()
-        kept = store.submit(lambda conn: conn.execute("INSERT INTO breakers VALUES ('y', 0, 'r')"))
+        kept = store.submit(
+            lambda conn: conn.execute(text("INSERT INTO breakers VALUES ('y', 0, 'r')"))
+        )
         gate.set()
         blocker.result(5)
         kept.result(5)
         assert store.writer_alive()
         assert _db(tmp_path / "s.db", "SELECT subject FROM breakers") == [("y",)]
+    finally:
+        store.close()
+
+
+@both_backends
+def test_a_unit_the_database_refuses_is_a_store_error_and_its_batch_is_kept(
+    settings: Settings,
+) -> None:
+    from trainguard.remediation.engine import Engine
+    from trainguard.remediation.models import Decision
+    from trainguard.remediation.sql import Statement
+    from trainguard.remediation.store import Store, StoreError
+
+    store = Store(settings.database(), synchronous="NORMAL")
+    gate = threading.Event()
+    try:
+        blocker = store.submit(lambda conn: gate.wait(5))
+        wait_for(blocker.running)  # the units below share one batch
+        before = store.submit(Engine.reset_breaker("nobody"))  # a domain error
+        insert = "INSERT INTO breakers (subject, tripped_at, reason) VALUES ('{}', 0, 'r')"
+        refused = store.submit(
+            lambda conn: conn.execute(text(insert.format("a") + ", ('a', 0, 'r')"))
+        )
+        kept = store.submit(lambda conn: conn.execute(text(insert.format("b"))))
+        # The same refusal on the write path's own statements (run on the DBAPI cursor).
+        duplicate = Statement(insert.format("b"))
+        refused_raw = store.submit(lambda conn: duplicate.run(conn, {}))
+        decided = store.submit(Engine.decide(12345, True, Decision()))
+        gate.set()
+        with pytest.raises(StoreError, match="the database refused the change"):
+            refused.result(5)
+        kept.result(5)
+        with pytest.raises(StoreError, match="the database refused the change") as raised:
+            refused_raw.result(5)
+        assert isinstance(raised.value.__cause__, IntegrityError)
+        with pytest.raises(LookupError, match="no open circuit breaker"):
+            before.result(5)
+        with pytest.raises(LookupError, match="no action 12345"):
+            decided.result(5)
+        assert store.writer_alive()
+        assert rows(settings, "SELECT subject FROM breakers") == [("b",)]
     finally:
         store.close()

@@ -13,6 +13,8 @@ from tests.remediation.conftest import (
     OPERATOR_AUTH,
     RecordingExecutor,
     alert,
+    both_backends,
+    fresh_database,
     payload,
     serve,
     wait_for,
@@ -50,6 +52,7 @@ def test_dry_run_is_the_default_and_executes_nothing(
         )
 
 
+@both_backends
 def test_destructive_action_waits_for_approval(
     settings: Settings, recorder: RecordingExecutor
 ) -> None:
@@ -85,6 +88,7 @@ def test_destructive_action_waits_for_approval(
         assert client.post("/v1/actions/999/approve", headers=OPERATOR_AUTH).status_code == 404
 
 
+@both_backends
 def test_reject(settings: Settings, recorder: RecordingExecutor) -> None:
     settings = settings.model_copy(update={"dry_run": False})
     with serve(settings, recorder) as client:
@@ -96,6 +100,7 @@ def test_reject(settings: Settings, recorder: RecordingExecutor) -> None:
         assert recorder.executed == []
 
 
+@both_backends
 def test_without_approval_non_dry_run_executes_once(
     settings: Settings, recorder: RecordingExecutor
 ) -> None:
@@ -109,6 +114,7 @@ def test_without_approval_non_dry_run_executes_once(
         assert [a["state"] for a in _actions(client)] == ["succeeded"]
 
 
+@both_backends
 def test_cooldown_per_job_and_action(settings: Settings) -> None:
     with serve(settings) as client:
         _send(client, alert("TrainingRankDown", fingerprint="a", job_id="j1"))
@@ -119,15 +125,14 @@ def test_cooldown_per_job_and_action(settings: Settings) -> None:
         assert by_fp["b"]["state"] == "suppressed"
         assert by_fp["b"]["reason"].startswith("cooldown: restart_from_checkpoint for j1")
         assert by_fp["c"]["state"] == "dry_run"  # another job has its own cooldown
-    zero = settings.model_copy(
-        update={"cooldown_seconds": 0.0, "db_path": settings.db_path.with_suffix(".z")}
-    )
+    zero = fresh_database(settings, "z").model_copy(update={"cooldown_seconds": 0.0})
     with serve(zero) as client:
         _send(client, alert("TrainingRankDown", fingerprint="a", job_id="j1"))
         _send(client, alert("TrainingRankDown", fingerprint="b", job_id="j1"))
         assert {a["state"] for a in _actions(client)} == {"dry_run"}
 
 
+@both_backends
 def test_budget_trips_breaker_until_manual_reset(settings: Settings) -> None:
     settings = settings.model_copy(update={"cooldown_seconds": 0.0, "budget_per_hour": 3})
     with serve(settings) as client:
@@ -179,6 +184,7 @@ def test_deferred_step_is_planned_once_the_alert_persists(settings: Settings) ->
         assert recommend["params"]["text"].startswith("Rank 3 on node n1 is slower")
 
 
+@both_backends
 def test_sweep_plans_steps_that_come_due(settings: Settings) -> None:
     started = datetime.fromtimestamp(time.time() - 899.5, timezone.utc).isoformat()
     with serve(settings) as client:

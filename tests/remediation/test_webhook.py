@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.remediation.conftest import AUTH, OPERATOR_AUTH, TOKEN, alert, payload, serve
+from tests.remediation.conftest import (
+    AUTH,
+    OPERATOR_AUTH,
+    TOKEN,
+    alert,
+    both_backends,
+    payload,
+    rows,
+    serve,
+)
 from trainguard import contract
 from trainguard.remediation.app import create_app
 from trainguard.remediation.settings import ConfigurationError, Settings
 
 
-def _rows(db: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(db) as conn:
-        return conn.execute(sql).fetchall()
-
-
+@both_backends
 def test_stores_alert_before_answering_200(settings: Settings) -> None:
     with serve(settings) as client:
         response = client.post("/v1/alertmanager", json=payload(alert(job_id="j1")), headers=AUTH)
@@ -27,7 +31,7 @@ def test_stores_alert_before_answering_200(settings: Settings) -> None:
         body = response.json()
         assert body["stored"] == 1 and body["duplicates"] == 0
         # The answer came after the commit: another connection sees the row at once.
-        assert _rows(settings.db_path, "SELECT fingerprint, name, status FROM alerts") == [
+        assert rows(settings, "SELECT fingerprint, name, status FROM alerts") == [
             ("fp1", "TrainingCollectiveStalled", "firing")
         ]
         assert len(body["planned_actions"]) == 2  # dump_diagnostics, restart_from_checkpoint
@@ -44,7 +48,7 @@ def test_401_without_the_token(settings: Settings, headers: dict[str, str]) -> N
         assert response.status_code == 401
         assert response.headers["www-authenticate"] == "Bearer"
         assert client.get("/v1/actions", headers=headers).status_code == 401
-        assert _rows(settings.db_path, "SELECT * FROM alerts") == []
+        assert rows(settings, "SELECT * FROM alerts") == []
         assert 'reason="unauthorized"' in client.get("/metrics").text
 
 
@@ -96,9 +100,10 @@ def test_422_names_the_bad_field(settings: Settings, mutate, where) -> None:
         response = client.post("/v1/alertmanager", json=body, headers=AUTH)
         assert response.status_code == 422
         assert [error["loc"] for error in response.json()["detail"]] == [where]
-        assert _rows(settings.db_path, "SELECT * FROM alerts") == []
+        assert rows(settings, "SELECT * FROM alerts") == []
 
 
+@both_backends
 def test_duplicate_delivery_is_stored_once(settings: Settings) -> None:
     body = payload(alert(job_id="j1"))
     with serve(settings) as client:
@@ -107,8 +112,8 @@ def test_duplicate_delivery_is_stored_once(settings: Settings) -> None:
         assert (first["stored"], first["duplicates"]) == (1, 0)
         assert (second["stored"], second["duplicates"]) == (0, 1)
         assert second["planned_actions"] == []
-        assert _rows(settings.db_path, "SELECT notifications FROM alerts") == [(2,)]
-        assert _rows(settings.db_path, "SELECT COUNT(*) FROM actions") == [(2,)]
+        assert rows(settings, "SELECT notifications FROM alerts") == [(2,)]
+        assert rows(settings, "SELECT COUNT(*) FROM actions") == [(2,)]
         # A new startsAt for the same fingerprint is a new alert.
         again = payload(alert(job_id="j1", starts_at="2026-01-02T00:00:00Z"))
         assert client.post("/v1/alertmanager", json=again, headers=AUTH).json()["stored"] == 1
@@ -116,6 +121,7 @@ def test_duplicate_delivery_is_stored_once(settings: Settings) -> None:
         assert f"{contract.REMEDIATION_ALERTS_DEDUPLICATED.name} 1.0" in metrics
 
 
+@both_backends
 def test_resolved_cancels_pending_actions(settings: Settings) -> None:
     settings = settings.model_copy(update={"dry_run": False})
     with serve(settings) as client:
@@ -134,6 +140,7 @@ def test_resolved_cancels_pending_actions(settings: Settings) -> None:
         assert approve.status_code == 409
 
 
+@both_backends
 def test_a_firing_notification_after_the_resolution_plans_nothing(settings: Settings) -> None:
     settings = settings.model_copy(update={"dry_run": False})
     resolved = payload(alert(job_id="j1", status="resolved"), status="resolved")
@@ -143,9 +150,7 @@ def test_a_firing_notification_after_the_resolution_plans_nothing(settings: Sett
         assert late.status_code == 200
         assert (late.json()["duplicates"], late.json()["planned_actions"]) == (1, [])
         assert client.get("/v1/actions", headers=AUTH).json()["actions"] == []
-        assert _rows(settings.db_path, "SELECT status, notifications FROM alerts") == [
-            ("resolved", 2)
-        ]
+        assert rows(settings, "SELECT status, notifications FROM alerts") == [("resolved", 2)]
 
 
 def test_refuses_to_start_without_a_token(tmp_path: Path) -> None:

@@ -1,0 +1,99 @@
+"""A throwaway Postgres cluster for the store's tests: started once per session, real server.
+
+Debian's ``postgresql`` package provides ``initdb`` and ``pg_ctl``; they refuse to run as root,
+so they run as the ``postgres`` user on a data folder it owns. The server listens on 127.0.0.1
+(a free port) with trust authentication and ``fsync`` on, like a production server. Every test
+gets a database of its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.pool import NullPool
+
+from tests.ports import free_port
+
+USER = "postgres"
+
+
+def initdb() -> Path:
+    """Debian's newest initdb; skips without one unless TRAINGUARD_REQUIRE_BINARIES=1."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not found:
+        if os.environ.get("TRAINGUARD_REQUIRE_BINARIES") == "1":
+            pytest.fail("Postgres (initdb) is required (TRAINGUARD_REQUIRE_BINARIES=1)")
+        pytest.skip("Postgres not installed (/usr/lib/postgresql/*/bin/initdb)")
+    return found[-1]
+
+
+class Cluster:
+    """A running cluster; :meth:`new_database` hands out empty databases."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._names = itertools.count()
+
+    def url(self, database: str) -> str:
+        return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"
+
+    def new_database(self) -> str:
+        """A new, empty database's URL."""
+        return create_database(self.url("postgres"), f"t{os.getpid()}_{next(self._names)}")
+
+
+def create_database(server_url: str, name: str) -> str:
+    """Create ``name`` on the server of ``server_url``; its URL."""
+    url = make_url(server_url).set(drivername="postgresql+psycopg")
+    engine = create_engine(
+        url.set(database="postgres"),
+        poolclass=NullPool,
+        isolation_level="AUTOCOMMIT",
+    )
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        engine.dispose()
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
+
+
+@contextmanager
+def cluster() -> Iterator[Cluster]:
+    bin_dir = initdb().parent
+    postgres = pwd.getpwnam(USER)
+    # Not under pytest's tmp folder: that is root's alone and the server runs as postgres.
+    root = Path(tempfile.mkdtemp(prefix="trainguard-postgres-"))
+    os.chown(root, postgres.pw_uid, postgres.pw_gid)
+    data = root / "data"
+
+    def as_postgres(*args: str) -> None:
+        subprocess.run(
+            ["runuser", "-u", USER, "--", *args], check=True, capture_output=True, timeout=120
+        )
+
+    port = free_port()
+    try:
+        # --no-sync: only initdb's own files are not fsynced; the server runs with fsync on.
+        as_postgres(str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", USER, "-N")
+        options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=on"
+        log = str(root / "log")
+        as_postgres(
+            str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", log, "-w", "start"
+        )
+        try:
+            yield Cluster(port)
+        finally:
+            as_postgres(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
