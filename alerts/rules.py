@@ -81,6 +81,7 @@ class Thresholds:
     nvml_down_for: str
     nccl_socket_transport: str
     nccl_socket_for: str
+    scheduler_labels_window: str
     runbook_base_url: str
 
     @classmethod
@@ -156,19 +157,30 @@ def _with_labels(condition: str, on: str, labels: str, source: str) -> str:
     )
 
 
-def _one_scheduler_per(level: str, labels: str) -> str:
-    """One series per ``level`` value carrying its ranks' ``labels`` from ``rank_info``.
+def _one_scheduler_per(level: str, labels: str, window: str, *preferred: str) -> str:
+    """Per ``level`` value, the ``labels`` its ranks report in ``rank_info``, or no series.
 
-    Ranks that name a scheduler win over ranks (of an older hook) that name none; ranks that
-    disagree leave one of their answers, never two series, which would break the join.
+    Tiers, the first that has an answer wins: ranks reporting now that name a scheduler and
+    one of the ``preferred`` labels (the handle an executor needs); ranks reporting now that
+    name a scheduler; ranks that named one within ``window`` (an alert that outlives its
+    ranks keeps its labels). Within a tier, ranks that disagree give no answer at all: the
+    alert goes without the labels (to the service's default scheduler) rather than to a
+    scheduler picked at random.
     """
     info = contract.RANK_INFO.name
-    scheduler = contract.LABEL_SCHEDULER
-    return (
-        f"topk by ({level}) (\n  1,\n"
-        f'  max by ({level}, {labels}) ({info}{{{scheduler}!=""}})\n'
-        f"  or on ({level})\n  max by ({level}, {labels}) ({info})\n)"
-    )
+    named = f'{contract.LABEL_SCHEDULER}!=""'
+    fresh_with_handle = " or ".join(f'{info}{{{named},{label}!=""}}' for label in preferred)
+    tiers = [
+        *([fresh_with_handle] if preferred else []),
+        f"{info}{{{named}}}",
+        f"last_over_time({info}{{{named}}}[{window}])",
+    ]
+
+    def unambiguous(selector: str) -> str:
+        answers = f"max by ({level}, {labels}) ({selector})"
+        return f"(\n  {answers}\n  and on ({level}) (count by ({level}) ({answers}) == 1)\n)"
+
+    return f"\nor on ({level})\n".join(unambiguous(tier) for tier in tiers)
 
 
 def _on_scheduler_of_job(condition: str) -> str:
@@ -187,8 +199,20 @@ def recording_rules(t: Thresholds) -> list[dict[str, str]]:
     c = contract
     fwd_data = f'{c.REC_RANK_PHASE_MEAN}{{{PHASE}=~"{c.Phase.DATA.value}|{c.Phase.FORWARD.value}"}}'
     rules = [
-        (c.REC_JOB_SCHEDULER, _one_scheduler_per(J, SCHEDULER)),
-        (c.REC_NODE_SCHEDULER, _one_scheduler_per(N, c.LABEL_SCHEDULER)),
+        (
+            c.REC_JOB_SCHEDULER,
+            _one_scheduler_per(
+                J,
+                SCHEDULER,
+                t.scheduler_labels_window,
+                c.LABEL_NAMESPACE,
+                c.LABEL_SLURM_JOB_ID,
+            ),
+        ),
+        (
+            c.REC_NODE_SCHEDULER,
+            _one_scheduler_per(N, c.LABEL_SCHEDULER, t.scheduler_labels_window),
+        ),
         (c.REC_RANK_STEPS_RATE, f"sum by ({RANK}) (rate({c.STEPS.name}[{w}]))"),
         (c.REC_JOB_STEPS_RATE, f"max by ({J}) ({c.REC_RANK_STEPS_RATE})"),
         (c.REC_RANK_STEP_DURATION_MEAN, _mean(c.STEP_DURATION.name, RANK, w)),

@@ -205,6 +205,10 @@ class InstrumentationConfig:
             node=node,
         )
 
+    def node_is_set(self) -> bool:
+        """Whether the node was named (argument or ``TRAINGUARD_NODE``) rather than guessed."""
+        return bool(self.node or os.environ.get(contract.ENV_NODE))
+
     def resolve_placement(self) -> Placement:
         return detect_placement(os.environ, self.scheduler)
 

@@ -121,6 +121,16 @@ class Instrumentation:
             device_index=self.device.index if self.device.type == "cuda" else None,
         )
         self.placement = config.resolve_placement()
+        if self.placement.scheduler == contract.SCHEDULER_KUBERNETES and not config.node_is_set():
+            # A pod's host name is the pod's name: exclude_node would cordon a node that does
+            # not exist, and the rank's series would not meet its GPU's on the node label.
+            logger.warning(
+                "on Kubernetes the node label defaults to the pod's host name %r; set %s from "
+                "spec.nodeName (the downward API) so that node alerts and exclude_node find "
+                "the node",
+                self.identity.node,
+                contract.ENV_NODE,
+            )
         labels = self.identity.labels()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = RankMetrics(self.registry, labels)

@@ -40,7 +40,7 @@ from trainguard.remediation.models import (
     WebhookPayload,
     WebhookResult,
 )
-from trainguard.remediation.store import StoreError
+from trainguard.remediation.store import StoreError, UnstorableError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,10 @@ async def alertmanager(payload: WebhookPayload, runtime: RuntimeDep) -> WebhookR
         metrics.webhook_rejected.labels("unavailable").inc()
         # Alertmanager retries on 5xx: nothing was acknowledged, nothing is lost.
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, _UNAVAILABLE) from exc
+    except UnstorableError as exc:
+        # Retrying could never succeed (and would hold back the rest of its group).
+        metrics.webhook_rejected.labels("invalid").inc()
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
     if planned.queued:
         worker.wake()
     firing = len(payload.alerts) - result.resolved

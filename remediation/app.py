@@ -171,6 +171,7 @@ def create_app(
             executors(settings, store, hub),
             metrics,
             sweep_interval=settings.sweep_interval_seconds,
+            takeover_grace=settings.takeover_grace_seconds if store.shared else 0.0,
             on_finished=attacher.submit if attacher is not None else None,
         )
         app.state.runtime = Runtime(

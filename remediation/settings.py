@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "TRAINGUARD_REMEDIATION_"
@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1 << 20, gt=0)
 
     # --- storage ---
-    database_url: str | None = Field(
+    database_url: SecretStr | None = Field(
         default=None,
         description="Postgres URL (postgresql://user:password@host:5432/db) for replicas "
         "sharing one database; SQLite at db_path when unset.",
@@ -77,6 +77,14 @@ class Settings(BaseSettings):
     # --- worker ---
     sweep_interval_seconds: float = Field(default=5.0, gt=0)
     executor_timeout_seconds: float = Field(default=60.0, gt=0)
+    takeover_grace_seconds: float = Field(
+        default=90.0,
+        gt=0,
+        description="Postgres replicas: how long a worker that takes the lock over waits before "
+        "it resumes the actions left running (the replica that lost the lock may still be "
+        "executing one); longer than executor_timeout_seconds plus the ~30 s a lost session "
+        "takes to notice.",
+    )
 
     # --- directives ---
     long_poll_max_seconds: float = Field(default=30.0, gt=0)
@@ -117,6 +125,15 @@ class Settings(BaseSettings):
         default=None, description="The ranks' Flight Recorder dump folder, if mounted here."
     )
 
+    @model_validator(mode="after")
+    def _grace_outlasts_an_execution(self) -> Settings:
+        if self.takeover_grace_seconds <= self.executor_timeout_seconds:
+            raise ValueError(
+                "takeover_grace_seconds must exceed executor_timeout_seconds: a replica that "
+                "lost the lock may still be executing for that long"
+            )
+        return self
+
     def database(self) -> Path | str:
         """What the store opens: the Postgres URL on the psycopg driver, else the SQLite file.
 
@@ -127,7 +144,8 @@ class Settings(BaseSettings):
         from trainguard.remediation.store import StoreError, normalise_url
 
         try:
-            return normalise_url(self.database_url).render_as_string(hide_password=False)
+            url = normalise_url(self.database_url.get_secret_value())
+            return url.render_as_string(hide_password=False)
         except StoreError as exc:
             raise ConfigurationError(f"{ENV_PREFIX}DATABASE_URL: {exc}") from exc
 

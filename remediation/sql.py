@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,13 +37,23 @@ class Statement:
         sql, order = compiled
         values = dict(params) if order is None else tuple(params[name] for name in order)
         dbapi_error = dialect.loaded_dbapi.Error
-        cursor = conn.connection.cursor()
+        cursor: DBAPICursor | None = None
         try:
+            cursor = conn.connection.cursor()
             cursor.execute(sql, values)
         except dbapi_error as exc:
-            cursor.close()
-            # The driver's error as SQLAlchemy raises it everywhere else (IntegrityError, ...).
-            raise DBAPIError.instance(sql, values, exc, dbapi_error, dialect=dialect) from exc
+            # As SQLAlchemy does on its own path: a lost connection is invalidated, so that the
+            # pool replaces it, and the driver's error is raised as SQLAlchemy's
+            # (IntegrityError, OperationalError, ...).
+            lost = dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor)
+            if cursor is not None:
+                with contextlib.suppress(dbapi_error):  # a cursor of a dead connection
+                    cursor.close()
+            if lost:
+                conn.invalidate(exc)
+            raise DBAPIError.instance(
+                sql, values, exc, dbapi_error, connection_invalidated=lost, dialect=dialect
+            ) from exc
         return cursor
 
     def run(self, conn: Connection, params: Mapping[str, Any]) -> int:

@@ -11,11 +11,13 @@ Reads run on pooled connections; SQLite's WAL (or Postgres's MVCC) lets them run
 writer commits.
 
 SQLite is the embedded default (one process owns the file). A Postgres URL lets several service
-replicas share one database: each replica's writer commits its own webhooks, the state changes
-that claim and finish actions are compare-and-set updates, and only the replica whose worker
-holds the session-level advisory lock (:meth:`Store.hold_worker_lock`) executes actions. When
-that replica dies its session ends, the lock is released and another replica's worker takes
-over, resuming the actions left ``running``.
+replicas share one database: each replica's writer commits its own webhooks, taking a
+transaction-level advisory lock first so that the replicas' decisions (which read and write the
+guards' state) take turns; the state changes that claim and finish actions are compare-and-set
+updates; and only the replica whose worker holds the session-level advisory lock
+(:meth:`Store.hold_worker_lock`) executes actions. When that replica's session ends, the lock
+is released and another replica's worker takes over (see the worker for when it resumes the
+actions left ``running``).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DataError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from trainguard.remediation.engine import COUNTED_FILTER
@@ -178,6 +180,23 @@ _POOL_SIZE = 8
 _POOL_OVERFLOW = 40
 # Which session-level advisory lock the replicas' workers contend for ("tg-remediation").
 _WORKER_LOCK_KEY = 0x7467_2D72_656D
+# The transaction-level lock every replica's writer takes first: decisions read the guards'
+# state (cooldowns, budgets, breakers) and write to it, so replicas take turns ("tg-decide").
+_WRITER_LOCK = Statement(f"SELECT pg_advisory_xact_lock({0x7467_2D64_6563})")
+_WRITER_OPTION = "trainguard_writer"
+_POSTGRES_CONNECT_ARGS = {
+    # An unreachable host fails start-up and /readyz instead of hanging them.
+    "connect_timeout": 5,
+    # A dead or partitioned peer is noticed in about 30 s rather than the kernel's 2 hours:
+    # the worker's lock and the writer's connection depend on it.
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+    # Acknowledged means on disk, whatever the server's default; no statement hangs a thread.
+    "options": "-c synchronous_commit=on -c statement_timeout=30000",
+}
 _STOP = object()
 _SAVEPOINT = Statement("SAVEPOINT unit")
 _RELEASE_SAVEPOINT = Statement("RELEASE SAVEPOINT unit")
@@ -188,12 +207,19 @@ class StoreError(RuntimeError):
     """The store is closed or its database cannot be reached or written."""
 
 
+class UnstorableError(ValueError):
+    """The database refuses the data itself (a NUL character in a Postgres text, say): sending
+    it again cannot succeed, so the webhook answers 422 rather than 503."""
+
+
 def normalise_url(url: str) -> URL:
     """A Postgres URL on the psycopg 3 driver; raises StoreError for anything else."""
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise StoreError(f"the database URL cannot be parsed: {exc}") from exc
+        parsed.port  # noqa: B018 - parsed lazily: a port that is no number raises here
+    except (ArgumentError, ValueError) as exc:
+        # Never the URL itself in the message: it holds the password.
+        raise StoreError(f"the database URL cannot be parsed: {type(exc).__name__}") from None
     if parsed.drivername in ("postgres", "postgresql", "postgresql+psycopg"):
         return parsed.set(drivername="postgresql+psycopg")
     raise StoreError(
@@ -212,7 +238,7 @@ def describe(url: URL) -> str:
 def probe(url: str) -> None:
     """Connect to the Postgres database at ``url`` once; raises StoreError naming the host."""
     parsed = normalise_url(url)
-    engine = create_engine(parsed, poolclass=NullPool, connect_args={"connect_timeout": 5})
+    engine = create_engine(parsed, poolclass=NullPool, connect_args=_POSTGRES_CONNECT_ARGS)
     try:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
@@ -223,11 +249,16 @@ def probe(url: str) -> None:
 
 
 def _as_store_error(exc: Exception) -> Exception:
-    """A unit's database error as the StoreError its caller handles (the API answers 503);
-    its own errors (not found, conflict) as they are."""
+    """A unit's database error as the error its caller handles: UnstorableError for data the
+    database refuses (422), StoreError for the rest (503, Alertmanager retries); the unit's own
+    errors (not found, conflict) as they are."""
     if not isinstance(exc, SQLAlchemyError):
         return exc
-    error = StoreError(f"the database refused the change: {_reason(exc)}")
+    error: Exception
+    if isinstance(exc, DataError):
+        error = UnstorableError(f"the database cannot store this: {_reason(exc)}")
+    else:
+        error = StoreError(f"the database refused the change: {_reason(exc)}")
     error.__cause__ = exc
     return error
 
@@ -252,17 +283,18 @@ class Store:
                 max_overflow=_POOL_OVERFLOW,
                 # A replica outlives database restarts: stale pooled connections are replaced.
                 pool_pre_ping=True,
-                # An unreachable host fails start-up and /readyz instead of hanging them.
-                connect_args={"connect_timeout": 5},
+                connect_args=_POSTGRES_CONNECT_ARGS,
             )
         self.dialect = self.engine.dialect.name
+        # Replicas share a Postgres database; a SQLite file has one service process.
+        self.shared = self.dialect == "postgresql"
         self._queue: queue.Queue[Any] = queue.Queue()
         self._closed = False
         self._lock_conn: Connection | None = None
         self._lock_mutex = threading.Lock()
         try:
-            self._writer_conn = self.engine.connect()
-            self._writer_conn.info["writer"] = True
+            # An execution option, not ``info``: it outlives a reconnection of the writer.
+            self._writer_conn = self.engine.connect().execution_options(**{_WRITER_OPTION: True})
             with self._writer_conn.begin():
                 metadata.create_all(self._writer_conn)
         except SQLAlchemyError as exc:
@@ -321,8 +353,8 @@ class Store:
                 item[1].set_exception(StoreError("the store is closed"))
         conn.close()
 
-    @staticmethod
     def _run_batch(
+        self,
         conn: Connection,
         batch: list[tuple[Callable[[Connection], Any], concurrent.futures.Future[Any]]],
     ) -> None:
@@ -332,6 +364,8 @@ class Store:
         outcomes: list[tuple[bool, Any]] = []
         try:
             with conn.begin():
+                if self.shared:
+                    _WRITER_LOCK.rows(conn, {})
                 for unit, _ in batch:
                     _SAVEPOINT.run(conn, {})
                     try:
@@ -343,10 +377,12 @@ class Store:
                     else:
                         _RELEASE_SAVEPOINT.run(conn, {})
                         outcomes.append((True, result))
-        except SQLAlchemyError as exc:
-            # The transaction was rolled back (a lost Postgres connection is replaced on the
-            # next batch); nobody is told their change is stored.
+        except Exception as exc:
+            # Nothing of the batch is committed and nobody is told it is. A connection lost on
+            # the way was invalidated where that was noticed (SQLAlchemy, or Statement); the
+            # writer carries on with a new one at the next batch.
             error = StoreError(f"commit failed: {exc}")
+            error.__cause__ = exc
             for _, future in batch:
                 future.set_exception(error)
             return
@@ -364,8 +400,8 @@ class Store:
         try:
             with self.engine.connect() as conn:
                 return query(conn)
-        except OperationalError as exc:
-            raise StoreError(f"cannot read the database: {exc.orig}") from exc
+        except SQLAlchemyError as exc:
+            raise StoreError(f"cannot read the database: {_reason(exc)}") from exc
 
     # --- the worker's lock -----------------------------------------------------------------
     def hold_worker_lock(self) -> bool:
@@ -445,6 +481,7 @@ def _sqlite_engine(url: URL, synchronous: str) -> Engine:
 
     @event.listens_for(engine, "begin")
     def begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.info.get("writer") else "BEGIN")
+        writer = conn.get_execution_options().get(_WRITER_OPTION)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
 
     return engine

@@ -14,12 +14,15 @@ when an acknowledgement arrives or the executor's next deadline passes, and mean
 plans' actions. Later steps of the same plan wait for it. A restarted worker finds the stored
 execution and resumes the wait instead of executing again.
 
-Replicas sharing one Postgres database all accept webhooks, but only one worker executes: each
-turn of the loop starts by holding the store's advisory lock (:meth:`Store.hold_worker_lock`);
-the others stand by and look again every second. A worker that takes the lock over (its holder
-died) first resumes the actions left ``running``, as after a restart. The claims themselves stay
-compare-and-set updates, so even two workers that both believed they held the lock could not
-execute one action twice.
+Replicas sharing one Postgres database all accept webhooks, but only one worker executes: it
+holds the store's advisory lock (:meth:`Store.hold_worker_lock`) and checks that it still does
+before each claim; the others stand by and look again every second. Claims are compare-and-set
+updates, so no two workers claim one action. The actions left ``running`` are a take-over's
+danger: the replica that lost the lock (its session dropped, its process alive) may still be
+executing one. So a worker that takes the lock resumes them only after ``takeover_grace``
+seconds, longer than an execution may take plus the time a lost session takes to notice; new
+actions run meanwhile. A worker that keeps the lock resumes at once after a failure of its own
+(a claim or an outcome whose commit failed leaves its action ``running``).
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ class Worker:
         metrics: Metrics,
         *,
         sweep_interval: float = 5.0,
+        takeover_grace: float = 0.0,
         on_finished: Callable[[ActionRecord], None] | None = None,
     ) -> None:
         self._store = store
@@ -78,6 +82,7 @@ class Worker:
         self._executors = executors
         self._metrics = metrics
         self._sweep_interval = sweep_interval
+        self._takeover_grace = takeover_grace
         # Told about every action whose outcome was committed (the diagnose reports).
         self._on_finished = on_finished
         self._wake = threading.Event()
@@ -118,21 +123,26 @@ class Worker:
 
     def _run(self) -> None:
         next_sweep = 0.0
-        resumed = False
+        holding = False
+        # When to look for actions left running (monotonic); None: nothing to look for.
+        resume_at: float | None = None
         while not self._stop.is_set():
             try:
                 if not self._store.hold_worker_lock():
-                    # Another replica's worker executes; when it dies, this one resumes.
-                    resumed = False
+                    # Another replica's worker executes; when it dies, this one takes over.
+                    holding = False
                     self._recheck_at.clear()
                     self._stop.wait(_STANDBY_SECONDS)
                     continue
-                if not resumed:
+                if not holding:
+                    holding = True
+                    resume_at = time.monotonic() + self._takeover_grace
+                if resume_at is not None and time.monotonic() >= resume_at:
                     for action_id in self._store.read(
                         lambda conn: queries.ids_in_state(conn, ActionState.RUNNING, 10_000)
                     ):
                         self._resume(action_id)
-                    resumed = True
+                    resume_at = None
                 if time.monotonic() >= next_sweep:
                     planned = self._store.write_sync(self._engine.sweep())
                     self._metrics.record_decisions(planned.decisions)
@@ -140,14 +150,19 @@ class Worker:
                 self._wake.clear()
                 while not self._stop.is_set():
                     self.check_waiting()
-                    if not self.run_next():
+                    if not self._store.hold_worker_lock() or not self.run_next():
                         break
             except Exception:
-                # A store or executor failure must not end the worker; it retries after a pause.
+                # A store or executor failure must not end the worker; it retries after a pause
+                # and looks again for an action it may have left running.
                 log.exception("remediation worker iteration failed")
+                if resume_at is None:
+                    resume_at = time.monotonic()
                 self._stop.wait(1.0)
                 continue
             timeout = next_sweep - time.monotonic()
+            if resume_at is not None:
+                timeout = min(timeout, resume_at - time.monotonic())
             if self._recheck_at:
                 timeout = min(timeout, min(self._recheck_at.values()) - time.time())
             self._wake.wait(timeout=max(0.0, timeout))
@@ -196,6 +211,8 @@ class Worker:
                 self._recheck_at[action_id] = now + _RETRY_SECONDS
 
     def _resume(self, action_id: int) -> None:
+        if action_id in self._recheck_at:
+            return  # a wait this worker follows already
         record, snapshot = self._store.read(lambda conn: queries.action_record(conn, action_id))
         executor = self._executors.get(record.executor)
         if executor is None or snapshot is None:
@@ -210,7 +227,7 @@ class Worker:
                     conn,
                     action_id,
                     WAITING,
-                    "resumed after restart: still waiting, not re-executed",
+                    "resumed (restart, take-over or failed commit): still waiting, not re-executed",
                 )
             )
             self._recheck_at[action_id] = 0.0
@@ -220,7 +237,8 @@ class Worker:
                 conn,
                 action_id,
                 ActionState.RUNNING,
-                "resumed after restart: re-executing from the stored snapshot",
+                "resumed (restart, take-over or failed commit): re-executing from the "
+                "stored snapshot",
                 expect=(ActionState.RUNNING,),
             )
         )

@@ -205,6 +205,11 @@ NO_NAMESPACE_FILE = Path("/nonexistent/serviceaccount/namespace")
             Placement("local"),
         ),
         ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, Placement("kubernetes")),
+        # Slurm run inside Kubernetes pods: the job is Slurm's to requeue.
+        (
+            {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "SLURM_JOB_ID": "5", "POD_NAMESPACE": "ml"},
+            Placement("slurm", slurm_job_id="5"),
+        ),
     ],
 )
 def test_the_scheduler_is_detected_from_its_environment(

@@ -304,6 +304,22 @@ def test_rank_info_says_where_the_job_runs(monkeypatch: pytest.MonkeyPatch) -> N
         handle.uninstrument()
 
 
+def test_a_pod_without_its_node_name_is_warned_about(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.delenv(contract.ENV_NODE, raising=False)
+    for env in ("SLURM_JOB_ID", contract.ENV_SCHEDULER):
+        monkeypatch.delenv(env, raising=False)
+    with caplog.at_level(logging.WARNING, logger="trainguard.instrumentation"):
+        trainguard.instrument(Tiny(), job_id="job-1", metrics_port=-1).uninstrument()
+        named = trainguard.instrument(Tiny(), job_id="job-1", node="gpu-node-7", metrics_port=-1)
+        named.uninstrument()
+    warnings = [r.getMessage() for r in caplog.records if "spec.nodeName" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert contract.ENV_NODE in warnings[0]
+
+
 def test_an_unknown_scheduler_fails_instrument_before_training() -> None:
     with pytest.raises(ValueError, match="'nomad'"):
         instrument(Tiny(), scheduler="nomad")

@@ -107,7 +107,7 @@ def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
     )
     if getattr(request, "param", "sqlite") == "postgres":
         cluster: postgres.Cluster = request.getfixturevalue("postgres_cluster")
-        return base.model_copy(update={"database_url": cluster.new_database()})
+        return base.model_copy(update={"database_url": SecretStr(cluster.new_database())})
     return base
 
 
@@ -115,9 +115,9 @@ def fresh_database(settings: Settings, name: str) -> Settings:
     """The same settings on another, empty database (of the same backend)."""
     if settings.database_url is None:
         return settings.model_copy(update={"db_path": settings.db_path.with_suffix(f".{name}")})
-    current = make_url(settings.database_url).database
-    url = postgres.create_database(settings.database_url, f"{current}_{name}")
-    return settings.model_copy(update={"database_url": url})
+    server = settings.database_url.get_secret_value()
+    url = postgres.create_database(server, f"{make_url(server).database}_{name}")
+    return settings.model_copy(update={"database_url": SecretStr(url)})
 
 
 def rows(settings: Settings, sql: str) -> list[tuple[Any, ...]]:

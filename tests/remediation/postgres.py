@@ -8,6 +8,7 @@ gets a database of its own.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import pwd
@@ -17,6 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from sqlalchemy import create_engine, make_url, text
@@ -27,14 +29,24 @@ from tests.ports import free_port
 USER = "postgres"
 
 
-def initdb() -> Path:
-    """Debian's newest initdb; skips without one unless TRAINGUARD_REQUIRE_BINARIES=1."""
+def _unavailable(why: str) -> NoReturn:
+    """Skip, or fail where the binaries are required (TRAINGUARD_REQUIRE_BINARIES=1)."""
+    if os.environ.get("TRAINGUARD_REQUIRE_BINARIES") == "1":
+        pytest.fail(f"a Postgres server is required (TRAINGUARD_REQUIRE_BINARIES=1): {why}")
+    pytest.skip(why)
+
+
+def initdb() -> tuple[Path, pwd.struct_passwd]:
+    """Debian's newest initdb, and the user it runs as (it refuses root)."""
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
     if not found:
-        if os.environ.get("TRAINGUARD_REQUIRE_BINARIES") == "1":
-            pytest.fail("Postgres (initdb) is required (TRAINGUARD_REQUIRE_BINARIES=1)")
-        pytest.skip("Postgres not installed (/usr/lib/postgresql/*/bin/initdb)")
-    return found[-1]
+        _unavailable("Postgres not installed (/usr/lib/postgresql/*/bin/initdb)")
+    if os.geteuid() != 0:
+        _unavailable("starting a Postgres server as its own user needs root (runuser)")
+    try:
+        return found[-1], pwd.getpwnam(USER)
+    except KeyError:
+        _unavailable(f"no {USER!r} user (Debian's postgresql package creates it)")
 
 
 class Cluster:
@@ -70,30 +82,44 @@ def create_database(server_url: str, name: str) -> str:
 
 @contextmanager
 def cluster() -> Iterator[Cluster]:
-    bin_dir = initdb().parent
-    postgres = pwd.getpwnam(USER)
+    initdb_path, postgres = initdb()
+    bin_dir = initdb_path.parent
     # Not under pytest's tmp folder: that is root's alone and the server runs as postgres.
     root = Path(tempfile.mkdtemp(prefix="trainguard-postgres-"))
     os.chown(root, postgres.pw_uid, postgres.pw_gid)
     data = root / "data"
 
+    log = root / "log"
+
     def as_postgres(*args: str) -> None:
-        subprocess.run(
-            ["runuser", "-u", USER, "--", *args], check=True, capture_output=True, timeout=120
-        )
+        try:
+            subprocess.run(
+                ["runuser", "-u", USER, "--", *args],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            # The server's log goes with the folder: say what it said before it does.
+            server_log = log.read_text()[-2000:] if log.exists() else ""
+            stderr = exc.stderr if isinstance(exc.stderr, str) else ""
+            raise RuntimeError(
+                f"{Path(args[0]).name} failed: {exc}\n{stderr}\n{server_log}"
+            ) from exc
 
     port = free_port()
     try:
         # --no-sync: only initdb's own files are not fsynced; the server runs with fsync on.
         as_postgres(str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", USER, "-N")
         options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=on"
-        log = str(root / "log")
-        as_postgres(
-            str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", log, "-w", "start"
-        )
+        pg_ctl = str(bin_dir / "pg_ctl")
         try:
+            as_postgres(pg_ctl, "-D", str(data), "-o", options, "-l", str(log), "-w", "start")
             yield Cluster(port)
         finally:
-            as_postgres(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+            # Also after a start that timed out: no server outlives its deleted folder.
+            with contextlib.suppress(RuntimeError):
+                as_postgres(pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop")
     finally:
         shutil.rmtree(root, ignore_errors=True)

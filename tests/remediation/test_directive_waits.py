@@ -169,7 +169,10 @@ def test_a_restarted_service_resumes_the_wait_without_queueing_again(
         assert _directives(live.db_path) == queued  # not queued again
         dump = _by_action(client)["dump_diagnostics"]
         assert dump["state"] == "running"
-        assert "resumed after restart: still waiting" in dump["transitions"][-1]["note"]
+        assert (
+            "resumed (restart, take-over or failed commit): still waiting"
+            in dump["transitions"][-1]["note"]
+        )
         assert recorder.executed == []
         (directive,) = _poll(client, 0)
         _ack(client, directive["id"], 0)

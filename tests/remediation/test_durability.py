@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -64,7 +65,7 @@ def test_running_action_resumes_once_from_its_snapshot(
             )
         )
         view = client.get(f"/v1/actions/{action['id']}", headers=AUTH).json()
-        assert "resumed after restart" in view["transitions"][-2]["note"]
+        assert "resumed (restart, take-over or failed commit)" in view["transitions"][-2]["note"]
     # The executor acted on the stored snapshot, not on a fresh look at the world.
     assert recorder.executed == [
         (action["id"], "restart_from_checkpoint", {"target": "from-snapshot"})
@@ -105,7 +106,7 @@ def _start(settings: Settings, port: int) -> subprocess.Popen[bytes]:
     database = (
         {"TRAINGUARD_REMEDIATION_DB_PATH": str(settings.db_path)}
         if settings.database_url is None
-        else {"TRAINGUARD_REMEDIATION_DATABASE_URL": settings.database_url}
+        else {"TRAINGUARD_REMEDIATION_DATABASE_URL": settings.database_url.get_secret_value()}
     )
     env = {
         **os.environ,
@@ -116,6 +117,11 @@ def _start(settings: Settings, port: int) -> subprocess.Popen[bytes]:
         "TRAINGUARD_REMEDIATION_BUDGET_PER_HOUR": "1000000",
         # No rank polls: each directive fails by its acknowledgement timeout, soon.
         "TRAINGUARD_REMEDIATION_DIRECTIVE_ACK_TIMEOUT_SECONDS": "0.2",
+        # Postgres: the restarted service waits this long before it resumes running actions
+        # (the process that held the lock could still be executing one); the executors here
+        # finish at once.
+        "TRAINGUARD_REMEDIATION_EXECUTOR_TIMEOUT_SECONDS": "1",
+        "TRAINGUARD_REMEDIATION_TAKEOVER_GRACE_SECONDS": "2",
     }
     proc = subprocess.Popen(
         [
@@ -287,4 +293,44 @@ def test_a_unit_the_database_refuses_is_a_store_error_and_its_batch_is_kept(
         assert store.writer_alive()
         assert rows(settings, "SELECT subject FROM breakers") == [("b",)]
     finally:
+        store.close()
+
+
+def test_an_action_whose_claim_was_committed_but_not_answered_still_runs(
+    settings: Settings, recorder: RecordingExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The claim's commit succeeds but its answer is lost (a connection dropped after COMMIT):
+    # the worker must not leave the action running for good, nor run it twice.
+    from trainguard.remediation.engine import Engine, Guards
+    from trainguard.remediation.metrics import Metrics
+    from trainguard.remediation.models import WebhookPayload
+    from trainguard.remediation.policy import load_policy
+    from trainguard.remediation.store import Store, StoreError
+    from trainguard.remediation.worker import Worker
+
+    store = Store(settings.database(), synchronous="NORMAL")
+    engine = Engine(load_policy(None), Guards(dry_run=False, require_approval=False))
+    alerts = payload(alert("TrainingRankDown", fingerprint="z", job_id="job-z"))
+    store.write_sync(engine.ingest(WebhookPayload.model_validate(alerts)))
+    committed = store.write_sync
+    writes = 0
+
+    def answer_lost_once(unit: Any) -> Any:
+        nonlocal writes
+        result = committed(unit)
+        writes += 1
+        if writes == 2:  # the sweep, then the claim
+            raise StoreError("commit failed: connection lost after COMMIT")
+        return result
+
+    monkeypatch.setattr(store, "write_sync", answer_lost_once)
+    worker = Worker(store, engine, {"local": recorder}, Metrics(store, False), sweep_interval=0.05)
+    worker.start()
+    try:
+        wait_for(lambda: len(recorder.executed) == 1)
+        wait_for(lambda: rows(settings, "SELECT state FROM actions") == [("succeeded",)], timeout=5)
+        time.sleep(0.3)
+        assert len(recorder.executed) == 1
+    finally:
+        worker.stop()
         store.close()
