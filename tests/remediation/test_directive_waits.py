@@ -139,7 +139,8 @@ def test_unknown_ranks_settle_after_the_first_acknowledgement(
     live = _live(settings, directive_ack_settle_seconds=0.5)
     with serve(live, recorder) as client:
         _stall(client)  # no rank polled: which ranks the directive reaches is unknown
-        wait_for(lambda: _state(client, "dump_diagnostics") == "running")
+        # Queued, and its wait recorded: polling any earlier would make rank 3 a known one.
+        wait_for(lambda: _by_action(client)["dump_diagnostics"]["output"] is not None)
         (directive,) = _poll(client, 3)
         _ack(client, directive["id"], 3)
         acked = time.monotonic()
