@@ -127,7 +127,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _grace_outlasts_an_execution(self) -> Settings:
-        if self.takeover_grace_seconds <= self.executor_timeout_seconds:
+        # Only replicas sharing a Postgres database take over from one another.
+        shared = self.database_url is not None
+        if shared and self.takeover_grace_seconds <= self.executor_timeout_seconds:
             raise ValueError(
                 "takeover_grace_seconds must exceed executor_timeout_seconds: a replica that "
                 "lost the lock may still be executing for that long"

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 from sqlalchemy import Engine as DatabaseEngine
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.pool import NullPool
@@ -281,3 +281,12 @@ def test_data_the_database_cannot_store_is_refused_for_good(settings: Settings) 
         assert rows(settings, "SELECT COUNT(*) FROM alerts") == [(0,)]
         ok = client.post("/v1/alertmanager", json=payload(alert(job_id="j1")), headers=AUTH)
         assert ok.status_code == 200
+
+
+def test_the_take_over_grace_must_outlast_an_execution() -> None:
+    url = SecretStr("postgresql://db/remediation")
+    with pytest.raises(ValidationError, match="must exceed executor_timeout_seconds"):
+        Settings(database_url=url, executor_timeout_seconds=120, insecure_no_auth=True)
+    Settings(database_url=url, executor_timeout_seconds=120, takeover_grace_seconds=180)
+    # One SQLite process takes nothing over: no constraint there.
+    Settings(executor_timeout_seconds=120)
