@@ -183,7 +183,7 @@ _WORKER_LOCK_KEY = 0x7467_2D72_656D
 # The transaction-level lock every replica's writer takes first: decisions read the guards'
 # state (cooldowns, budgets, breakers) and write to it, so replicas take turns ("tg-decide").
 _WRITER_LOCK = Statement(f"SELECT pg_advisory_xact_lock({0x7467_2D64_6563})")
-_WRITER_OPTION = "trainguard_writer"
+_WRITER_OPTION = "store_writer"  # an execution option of the writer's connection
 _POSTGRES_CONNECT_ARGS = {
     # An unreachable host fails start-up and /readyz instead of hanging them.
     "connect_timeout": 5,
@@ -285,9 +285,8 @@ class Store:
                 pool_pre_ping=True,
                 connect_args=_POSTGRES_CONNECT_ARGS,
             )
-        self.dialect = self.engine.dialect.name
         # Replicas share a Postgres database; a SQLite file has one service process.
-        self.shared = self.dialect == "postgresql"
+        self.shared = self.engine.dialect.name == "postgresql"
         self._queue: queue.Queue[Any] = queue.Queue()
         self._closed = False
         self._lock_conn: Connection | None = None
@@ -411,7 +410,7 @@ class Store:
         dedicated connection: when the holder dies, its session ends and another replica takes
         over. A SQLite file has one service process, which always holds it.
         """
-        if self.dialect != "postgresql":
+        if not self.shared:
             return True
         with self._lock_mutex:
             if self._lock_conn is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.pool import NullPool
 
 from tests.ports import free_port
@@ -64,14 +64,16 @@ class Cluster:
         return create_database(self.url("postgres"), f"t{os.getpid()}_{next(self._names)}")
 
 
+def admin_engine(server_url: str) -> Engine:
+    """An engine on the maintenance database of ``server_url``'s server, outside transactions
+    (CREATE DATABASE, pg_terminate_backend)."""
+    url = make_url(server_url).set(drivername="postgresql+psycopg", database="postgres")
+    return create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+
+
 def create_database(server_url: str, name: str) -> str:
     """Create ``name`` on the server of ``server_url``; its URL."""
-    url = make_url(server_url).set(drivername="postgresql+psycopg")
-    engine = create_engine(
-        url.set(database="postgres"),
-        poolclass=NullPool,
-        isolation_level="AUTOCOMMIT",
-    )
+    engine = admin_engine(server_url)
     try:
         with engine.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))

@@ -9,9 +9,7 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr, ValidationError
-from sqlalchemy import Engine as DatabaseEngine
-from sqlalchemy import create_engine, make_url, text
-from sqlalchemy.pool import NullPool
+from sqlalchemy import text
 
 from tests.ports import free_port
 from tests.remediation.conftest import (
@@ -24,7 +22,7 @@ from tests.remediation.conftest import (
     serve,
     wait_for,
 )
-from tests.remediation.postgres import Cluster
+from tests.remediation.postgres import Cluster, admin_engine
 from trainguard.remediation import cli
 from trainguard.remediation.engine import Engine, Guards
 from trainguard.remediation.executors import ActionRecord
@@ -61,14 +59,9 @@ class SlowExecutor(RecordingExecutor):
         return super().execute(action, snapshot)
 
 
-def _admin(cluster: Cluster) -> DatabaseEngine:
-    url = make_url(cluster.url("postgres")).set(drivername="postgresql+psycopg")
-    return create_engine(url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
-
-
 def _terminate(cluster: Cluster, which: str) -> None:
     """Ends the server sessions ``which`` (SQL yielding backend pids) selects."""
-    admin = _admin(cluster)
+    admin = admin_engine(cluster.url("postgres"))
     try:
         with admin.connect() as conn:
             pids = conn.execute(text(which)).scalars().all()
@@ -146,11 +139,7 @@ def test_not_ready_when_the_database_goes_away(
     with serve(settings.model_copy(update={"database_url": SecretStr(url)})) as client:
         assert client.get("/readyz").status_code == 200
         assert client.post("/v1/alertmanager", json=payload(alert()), headers=AUTH).is_success
-        admin = create_engine(
-            postgres_cluster.url("postgres").replace("postgresql:", "postgresql+psycopg:"),
-            poolclass=NullPool,
-            isolation_level="AUTOCOMMIT",
-        )
+        admin = admin_engine(postgres_cluster.url("postgres"))
         with admin.connect() as conn:
             database = url.rsplit("/", 1)[1]
             conn.execute(text(f'DROP DATABASE "{database}" WITH (FORCE)'))
