@@ -1,5 +1,5 @@
-"""alerts/alertmanager.yml: valid, routes every alert where it belongs, secrets from files, and
-the real Alertmanager inhibits the alerts its rules say (its API, receivers kept offline)."""
+"""alertmanager.yml: valid, routes every alert where it belongs, secrets from files, and the real
+Alertmanager inhibits the alerts its rules say (its API, receivers kept offline)."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def notification_sink() -> Iterator[str]:
 
 
 def offline_config(tmp_path: Path, sink: str) -> Path:
-    """alerts/alertmanager.yml with every receiver sending to ``sink`` and secrets in tmp_path.
+    """alertmanager.yml with every receiver sending to ``sink`` and secrets in tmp_path.
 
     Routes, inhibitions and templates stay as committed; only where notifications go changes.
     """

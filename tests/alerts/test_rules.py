@@ -13,6 +13,7 @@ import yaml
 from tests.alerts.tools import (
     ALERTS,
     PROMETHEUS_SERIES,
+    REPO,
     RULE_TESTS,
     RULES_FILE,
     THRESHOLDS_FILE,
@@ -120,7 +121,7 @@ def test_every_contract_alert_has_a_complete_rule() -> None:
             contract.ANNOTATION_RUNBOOK_URL,
         }
         base, anchor = notes[contract.ANNOTATION_RUNBOOK_URL].split("#")
-        assert base == "alerts/runbook.md"
+        assert base == "alerts/trainguard/alerts/runbook.md"
         assert anchor in headings, f"{name}: runbook has no section #{anchor}"
         text = notes[contract.ANNOTATION_DESCRIPTION]
         if Alert(name) in TRAINING_ALERTS:
@@ -165,7 +166,9 @@ def test_rule_tests_cover_firing_and_silence_for_every_alert() -> None:
     silent: set[str] = set()
     for path in RULE_TESTS:
         document = yaml.safe_load(path.read_text())
-        assert document["rule_files"] == ["../../alerts/trainguard.rules.yml"], path
+        assert document["rule_files"] == ["../../alerts/trainguard/alerts/trainguard.rules.yml"], (
+            path
+        )
         for group in document["tests"]:
             for case in group.get("alert_rule_test", []):
                 (fires if case.get("exp_alerts") else silent).add(case["alertname"])
@@ -195,13 +198,14 @@ def test_rule_tests_catch_a_too_eager_straggler_factor(tmp_path: Path) -> None:
     """The jitter case must fail when the factor drops inside normal +-10% noise."""
     promtool = binary("promtool")
     eager = thresholds_data() | {"straggler_factor": 1.05}
-    (tmp_path / "alerts").mkdir()
-    (tmp_path / "alerts" / "trainguard.rules.yml").write_text(
+    rules_dir = tmp_path / "alerts" / "trainguard" / "alerts"
+    rules_dir.mkdir(parents=True)
+    (rules_dir / "trainguard.rules.yml").write_text(
         rules.render(rules.Thresholds.from_mapping(eager))
     )
     tests_dir = tmp_path / "tests" / "alerts"
     tests_dir.mkdir(parents=True)
-    straggler = RULES_FILE.parent.parent / "tests" / "alerts" / "straggler.test.yml"
+    straggler = REPO / "tests" / "alerts" / "straggler.test.yml"
     (tests_dir / straggler.name).write_text(straggler.read_text())
     result = run(promtool, "test", "rules", tests_dir / straggler.name)
     assert result.returncode != 0

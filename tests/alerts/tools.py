@@ -13,7 +13,7 @@ import pytest
 from trainguard import contract
 
 REPO = Path(__file__).resolve().parents[2]
-ALERTS = REPO / "alerts"
+ALERTS = REPO / "alerts" / "trainguard" / "alerts"
 RULES_FILE = ALERTS / "trainguard.rules.yml"
 THRESHOLDS_FILE = ALERTS / "thresholds.yml"
 RULE_TESTS = sorted((REPO / "tests" / "alerts").glob("*.test.yml"))

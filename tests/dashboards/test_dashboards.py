@@ -1,4 +1,4 @@
-"""dashboards/*.json: generated, valid PromQL on contract names only, filtered by variables."""
+"""The dashboards' JSON: generated, valid PromQL on contract names only, filtered by variables."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from tests.alerts.tools import (
 from trainguard import cli, contract
 from trainguard.dashboards import build
 
-DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
+DASHBOARD_DIR = REPO / "dashboards" / "trainguard" / "dashboards"
+DASHBOARDS = sorted(DASHBOARD_DIR.glob("*.json"))
 PROVISIONING = REPO / "deploy" / "grafana" / "provisioning"
 # What Grafana puts in place of its own variables before the query reaches Prometheus.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}
@@ -93,7 +94,7 @@ def test_queries_use_the_dashboard_variables(path: Path) -> None:
 
 def test_rank_dashboards_offer_job_node_and_rank() -> None:
     for stem in ("overview", "stragglers", "collectives", "memory"):
-        board = load(REPO / "dashboards" / f"{stem}.json")
+        board = load(DASHBOARD_DIR / f"{stem}.json")
         assert variable_names(board) == ["job_id", "node", "rank"]
         for var in board["templating"]["list"]:
             assert var["datasource"]["uid"] == build.PROMETHEUS_UID
@@ -130,7 +131,7 @@ def test_a_broken_query_fails_the_parse_check(tmp_path: Path) -> None:
 
 
 def test_gradient_sync_latency_links_exemplars_to_traces() -> None:
-    board = load(REPO / "dashboards" / "collectives.json")
+    board = load(DASHBOARD_DIR / "collectives.json")
     sync = [
         t
         for p in board["panels"]

@@ -55,7 +55,7 @@ def _binaries_or_skip() -> None:
 
 def _panel_queries() -> list[tuple[str, str, str]]:
     found = []
-    for path in sorted((REPO / "dashboards").glob("*.json")):
+    for path in sorted((REPO / "dashboards" / "trainguard" / "dashboards").glob("*.json")):
         dashboard = json.loads(path.read_text())
 
         def walk(panel: dict[str, Any], name: str = path.stem) -> None:

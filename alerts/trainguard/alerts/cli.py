@@ -1,4 +1,4 @@
-"""``trainguard rules``: render alerts/trainguard.rules.yml from a thresholds file, or check it.
+"""``trainguard rules``: render the rules file from a thresholds file, or check it.
 
 PyYAML is imported only when the command runs, so ``trainguard --help`` needs no extra.
 """
@@ -17,13 +17,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--thresholds",
         type=Path,
         default=HERE / "thresholds.yml",
-        help="thresholds YAML to read (default: the packaged alerts/thresholds.yml)",
+        help="thresholds YAML to read (default: the packaged thresholds.yml)",
     )
     parser.add_argument(
         "--out",
         type=Path,
         default=HERE / "trainguard.rules.yml",
-        help="rules file to write (default: alerts/trainguard.rules.yml)",
+        help="rules file to write (default: alerts/trainguard/alerts/trainguard.rules.yml)",
     )
     parser.add_argument(
         "--check",

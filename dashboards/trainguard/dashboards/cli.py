@@ -1,4 +1,4 @@
-"""``trainguard dashboards``: write dashboards/*.json from the generator, or check them.
+"""``trainguard dashboards``: write the dashboard JSON from the generator, or check them.
 
 grafana-foundation-sdk is imported only when the command runs (the ``mixin`` extra).
 """

@@ -1,7 +1,7 @@
 """The demo's stack on one machine: configuration files and the processes that use them.
 
 :func:`write_configs` renders everything into the work folder: alert rules from
-``alerts/thresholds.yml`` with demo-speed overrides (short windows and ``for`` durations),
+the packaged ``thresholds.yml`` with demo-speed overrides (short windows and ``for`` durations),
 ``prometheus.yml`` (2 s scrapes, file_sd for the ranks, exemplar storage), ``alertmanager.yml``
 (every alert to the remediation webhook, bearer token from a file), the remediation policy
 (actions only for the demo's own job) and the token. :class:`Stack` starts the processes —

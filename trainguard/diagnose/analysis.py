@@ -5,8 +5,8 @@ time against the job median (step time is equal on every rank of a synchronous j
 slow phase and what the GPUs of the same node did at the same time; OOMs by the memory curve
 before the error (fragmentation, growth, or a step that never fit); hangs by the oldest
 in-flight collective, the collective counts, and torch's Flight Recorder analyzer over the
-dumps; GPU faults by Xid and ECC counters. Thresholds come from ``alerts/thresholds.yml`` so
-the report and the alerts agree on what "slow" means.
+dumps; GPU faults by Xid and ECC counters. Thresholds come from the rules' ``thresholds.yml``
+so the report and the alerts agree on what "slow" means.
 """
 
 from __future__ import annotations
@@ -936,7 +936,7 @@ class Diagnosis:
                     [
                         "Keep trainguard's TrainingStraggler alert on: it names the rank and its "
                         "slow phase once the ratio holds for `straggler_for` "
-                        "(alerts/thresholds.yml)."
+                        "(alerts/trainguard/alerts/thresholds.yml)."
                     ],
                     facts,
                 )

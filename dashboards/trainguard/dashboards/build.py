@@ -1,9 +1,10 @@
 """Builds trainguard's Grafana dashboards with grafana-foundation-sdk.
 
-``dashboards/*.json`` is this module's output, committed so Grafana's file provisioning can load
-it without Python, and kept in step by ``trainguard dashboards --check`` (run by the test
-suite). Every metric name comes from ``trainguard.contract`` (metrics and recording rules);
-every Prometheus query filters on the dashboard's variables.
+The ``*.json`` files beside it are this module's output, committed so Grafana's file
+provisioning can load them without Python, and kept in step by
+``trainguard dashboards --check`` (run by the test suite). Every metric name comes from
+``trainguard.contract`` (metrics and recording rules); every Prometheus query filters on the
+dashboard's variables.
 """
 
 from __future__ import annotations
