@@ -384,6 +384,220 @@ class Alert(str, enum.Enum):
     NCCL_SOCKET_TRANSPORT_FALLBACK = "NcclSocketTransportFallback"
 
 
+# --- the failure vocabulary ------------------------------------------------------------------
+# Read this section first: it is the path of every failure from signal to repair. Alerts,
+# triage findings, diagnose causes, events and remediation records name failures and actions
+# with these values and no others; tests/core/test_catalogue.py fails when the catalogue below
+# and the rules, the runbook, the default policy, the action catalogue or the executors disagree.
+
+
+class Failure(str, enum.Enum):
+    """Which failure: the one name every component gives it (``failure`` in records)."""
+
+    OOM = "oom"
+    STRAGGLER = "straggler"
+    JOB_SLOWDOWN = "job_slowdown"
+    DATALOADER_BOUND = "dataloader_bound"
+    HANG = "hang"
+    NCCL_TIMEOUT = "nccl_timeout"
+    NCCL_ERROR = "nccl_error"
+    RANK_FAILURE = "rank_failure"
+    GPU_FAULT = "gpu_fault"
+    GPU_THROTTLING = "gpu_throttling"
+
+
+class Action(str, enum.Enum):
+    """What remediation can do: the protocol between policy, service, executors and ranks."""
+
+    RESTART_FROM_CHECKPOINT = "restart_from_checkpoint"
+    EXCLUDE_NODE = "exclude_node"
+    DRAIN_NODE = "drain_node"
+    ANNOTATE = "annotate"
+    CHECKPOINT_NOW = "checkpoint_now"
+    DUMP_DIAGNOSTICS = "dump_diagnostics"
+    SET_GRAD_COMPRESSION = "set_grad_compression"
+    SPLIT_MICRO_BATCHES = "split_micro_batches"
+    SET_COLLECTIVE_TIMEOUT = "set_collective_timeout"
+    RECOMMEND = "recommend"
+
+
+class NcclErrorKind(str, enum.Enum):
+    """One taxonomy of NCCL errors: the exporter's ``kind`` label and triage's ``kind`` field."""
+
+    REMOTE = "remote"  # a peer died or the network dropped: this rank is usually a victim
+    CUDA = "cuda"  # a CUDA call failed inside NCCL (illegal address, out of memory, ...)
+    SYSTEM = "system"  # a system or library call failed (sockets, /dev/shm, IB verbs)
+    INTERNAL = "internal"  # NCCL's own internal error (often mismatched versions)
+    INVALID_USAGE = "invalid_usage"  # ranks issued mismatched collectives, wrong device
+    IB = "ib"  # InfiniBand / RoCE verbs errors (failed work completions, ibv_* calls)
+    SOCKET = "socket"  # TCP between ranks: refused, closed or reset by the peer
+    TIMEOUT = "timeout"  # NCCL gave up waiting for a peer
+    PROXY = "proxy"  # the proxy thread failed a network operation
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class FailureSpec:
+    """One row of the failure catalogue: how a failure is seen, named, explained and repaired.
+
+    ``runbook_anchor`` is the section of ``alerts/trainguard/alerts/runbook.md`` about it;
+    ``actions`` are the default policy's actions for its alerts, in the order they are tried.
+    ``triage_detector`` and ``diagnose_analysis`` name (``module:attribute``) the code that
+    finds it in raw logs and explains it from Prometheus; None where that component cannot.
+    """
+
+    failure: Failure
+    summary: str
+    alerts: tuple[Alert, ...]
+    signals: tuple[MetricSpec, ...]
+    actions: tuple[Action, ...]
+    triage_detector: str | None
+    diagnose_analysis: str | None
+
+    @property
+    def runbook_anchor(self) -> str:
+        """The runbook's section heading is the failure's name, so this is its anchor."""
+        return self.failure.value
+
+
+def _failure(
+    failure: Failure,
+    summary: str,
+    *,
+    alerts: tuple[Alert, ...],
+    signals: tuple[MetricSpec, ...],
+    actions: tuple[Action, ...],
+    triage: str | None,
+    diagnose: str | None,
+) -> FailureSpec:
+    return FailureSpec(failure, summary, alerts, signals, actions, triage, diagnose)
+
+
+_TRIAGE = "trainguard.triage.rules:"
+_DIAGNOSE = "trainguard.diagnose."
+
+FAILURES: dict[Failure, FailureSpec] = {
+    spec.failure: spec
+    for spec in (
+        _failure(
+            Failure.OOM,
+            "CUDA out of memory, memory close to capacity, or a fragmented caching allocator.",
+            alerts=(
+                Alert.TRAINING_OOM,
+                Alert.TRAINING_OOM_RISK,
+                Alert.TRAINING_MEMORY_FRAGMENTATION,
+            ),
+            signals=(
+                OOM_EVENTS,
+                OOM_RECOVERIES,
+                MEMORY_ALLOCATED,
+                MEMORY_RESERVED,
+                MEMORY_CAPACITY,
+                MEMORY_FRAGMENTATION,
+                MEMORY_ALLOC_RETRIES,
+            ),
+            actions=(Action.SPLIT_MICRO_BATCHES, Action.CHECKPOINT_NOW, Action.RECOMMEND),
+            triage=_TRIAGE + "CudaOomDetector",
+            diagnose=_DIAGNOSE + "oom:analyse",
+        ),
+        _failure(
+            Failure.STRAGGLER,
+            "One rank's local work is slower than the job's median and holds every rank back.",
+            alerts=(Alert.TRAINING_STRAGGLER,),
+            signals=(STEP_COMPUTE_DURATION, SYNC_WAIT_DURATION, STEP_PHASE_DURATION),
+            actions=(Action.RECOMMEND, Action.EXCLUDE_NODE),
+            triage=_TRIAGE + "StragglerDetector",
+            diagnose=_DIAGNOSE + "straggler:analyse",
+        ),
+        _failure(
+            Failure.JOB_SLOWDOWN,
+            "Every rank slowed down together (no single straggler): input, network or model.",
+            alerts=(),
+            signals=(STEP_DURATION, STEPS),
+            actions=(),
+            triage=None,
+            diagnose=_DIAGNOSE + "slowdown:analyse",
+        ),
+        _failure(
+            Failure.DATALOADER_BOUND,
+            "A rank spends a large share of its step waiting for its data loader.",
+            alerts=(Alert.TRAINING_DATALOADER_BOUND,),
+            signals=(STEP_PHASE_DURATION,),
+            actions=(Action.RECOMMEND,),
+            triage=None,
+            diagnose=_DIAGNOSE + "dataloader:analyse",
+        ),
+        _failure(
+            Failure.HANG,
+            "A collective never completes, or no rank completes a step: the job is stuck.",
+            alerts=(Alert.TRAINING_COLLECTIVE_STALLED, Alert.TRAINING_STALLED),
+            signals=(
+                COLLECTIVE_OLDEST_INFLIGHT,
+                COLLECTIVES_LAUNCHED,
+                COLLECTIVES_COMPLETED,
+                LAST_STEP_TIMESTAMP,
+            ),
+            actions=(Action.DUMP_DIAGNOSTICS, Action.RESTART_FROM_CHECKPOINT),
+            triage=None,
+            diagnose=_DIAGNOSE + "hang:analyse",
+        ),
+        _failure(
+            Failure.NCCL_TIMEOUT,
+            "A collective ran past the process group's timeout and the watchdog aborted it.",
+            alerts=(Alert.TRAINING_NCCL_TIMEOUT,),
+            signals=(COLLECTIVE_TIMEOUTS,),
+            actions=(Action.DUMP_DIAGNOSTICS, Action.RESTART_FROM_CHECKPOINT, Action.RECOMMEND),
+            triage=_TRIAGE + "NcclTimeoutDetector",
+            diagnose=_DIAGNOSE + "hang:analyse",
+        ),
+        _failure(
+            Failure.NCCL_ERROR,
+            "NCCL reported an error (NcclErrorKind), or fell back to TCP sockets.",
+            alerts=(Alert.NCCL_SOCKET_TRANSPORT_FALLBACK,),
+            signals=(NCCL_LOG_ERRORS, NCCL_INFO),
+            actions=(Action.RECOMMEND,),
+            triage=_TRIAGE + "NcclErrorDetector",
+            diagnose=None,
+        ),
+        _failure(
+            Failure.RANK_FAILURE,
+            "A rank's process died or stopped answering (torchrun reports it as failed).",
+            alerts=(Alert.TRAINING_RANK_DOWN,),
+            signals=(RANK_INFO,),
+            actions=(Action.RESTART_FROM_CHECKPOINT,),
+            triage=_TRIAGE + "ElasticFailureDetector",
+            diagnose=None,
+        ),
+        _failure(
+            Failure.GPU_FAULT,
+            "The GPU or its driver failed: an Xid, ECC errors, or NVML stopped answering.",
+            alerts=(Alert.GPU_XID_ERROR, Alert.GPU_NVML_DOWN),
+            signals=(GPU_XID_ERRORS, GPU_ECC_ERRORS, GPU_REMAPPED_ROWS, NVML_UP),
+            actions=(Action.DRAIN_NODE, Action.RECOMMEND),
+            triage=_TRIAGE + "XidDetector",
+            diagnose=_DIAGNOSE + "gpu:analyse_faults",
+        ),
+        _failure(
+            Failure.GPU_THROTTLING,
+            "A GPU's clocks are held down (thermal, power brake, hardware slowdown).",
+            alerts=(Alert.GPU_THERMAL_THROTTLING,),
+            signals=(GPU_CLOCK_THROTTLED, GPU_TEMPERATURE),
+            actions=(Action.RECOMMEND,),
+            triage=None,
+            diagnose=_DIAGNOSE + "gpu:analyse_throttling",
+        ),
+    )
+}
+
+
+def failure_of(alert: Alert) -> Failure:
+    """The failure an alert reports (every alert belongs to exactly one)."""
+    for spec in FAILURES.values():
+        if alert in spec.alerts:
+            return spec.failure
+    raise KeyError(alert)
+
+
 # --- spans ----------------------------------------------------------------------------------
 INSTRUMENTATION_SCOPE = "trainguard.instrumentation"
 SPAN_STEP = "trainguard.step"  # the step's root, emitted by rank 0
@@ -427,6 +641,17 @@ class EventKind(str, enum.Enum):
     ACTION = "action"
 
 
+# Events that report a failure name it (``labels.failure``); decisions and actions name the
+# failure of the alert they answer.
+EVENT_FAILURE: dict[EventKind, Failure] = {
+    EventKind.OOM: Failure.OOM,
+    EventKind.OOM_RECOVERED: Failure.OOM,
+    EventKind.COLLECTIVE_STALLED: Failure.HANG,
+    EventKind.COLLECTIVE_TIMEOUT: Failure.NCCL_TIMEOUT,
+    EventKind.STRAGGLER: Failure.STRAGGLER,
+}
+
+
 class EventOutcome(str, enum.Enum):
     SUCCESS = "success"
     FAILURE = "failure"
@@ -450,6 +675,7 @@ FIELD_JOB_ID = FIELD_LABELS_PREFIX + LABEL_JOB_ID
 FIELD_RANK = FIELD_LABELS_PREFIX + LABEL_RANK
 FIELD_NODE = FIELD_LABELS_PREFIX + LABEL_NODE
 FIELD_STEP = FIELD_LABELS_PREFIX + "step"
+FIELD_FAILURE = FIELD_LABELS_PREFIX + "failure"
 FIELD_DETAILS = "trainguard"  # event-specific details live under this object
 
 # --- environment variables ------------------------------------------------------------------

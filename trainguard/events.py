@@ -43,9 +43,13 @@ def event_fields(
     step: int | None = None,
     trace_id: str | None = None,
     outcome: contract.EventOutcome = contract.EventOutcome.UNKNOWN,
+    failure: contract.Failure | None = None,
     details: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ECS fields of one event, as a flat mapping of dotted names."""
+    """The ECS fields of one event, as a flat mapping of dotted names.
+
+    ``failure`` defaults to the failure the kind reports (``contract.EVENT_FAILURE``).
+    """
     fields: dict[str, Any] = {
         contract.FIELD_EVENT_KIND: "event",
         contract.FIELD_EVENT_CATEGORY: _CATEGORY[kind],
@@ -62,6 +66,9 @@ def event_fields(
         fields[contract.FIELD_STEP] = str(step)
     if trace_id is not None:
         fields[contract.FIELD_TRACE_ID] = trace_id
+    failure = failure or contract.EVENT_FAILURE.get(kind)
+    if failure is not None:
+        fields[contract.FIELD_FAILURE] = failure.value
     if details:
         fields[contract.FIELD_DETAILS] = dict(details)
     return fields

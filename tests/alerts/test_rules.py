@@ -23,7 +23,7 @@ from tests.alerts.tools import (
     recording_names,
     run,
 )
-from trainguard import cli, contract
+from trainguard import cli, contract, thresholds
 from trainguard.alerts import rules
 from trainguard.contract import Alert, Severity
 
@@ -68,7 +68,7 @@ def test_check_reports_a_stale_file(tmp_path: Path) -> None:
 
 def test_a_threshold_change_reaches_the_rules(tmp_path: Path) -> None:
     data = thresholds_data() | {"straggler_factor": 1.5, "stalled_seconds": 900}
-    text = rules.render(rules.Thresholds.from_mapping(data))
+    text = rules.render(thresholds.Thresholds.from_mapping(data))
     assert "ratio_to_job_median5m >= 1.5" in text
     assert "(threshold 1.5x)" in text
     assert "> 900" in text
@@ -88,15 +88,15 @@ def test_a_threshold_change_reaches_the_rules(tmp_path: Path) -> None:
 )
 def test_bad_thresholds_are_refused(change: dict[str, object], message: str) -> None:
     data = thresholds_data() | change
-    with pytest.raises(rules.ThresholdsError, match=message):
-        rules.Thresholds.from_mapping(data)
+    with pytest.raises(thresholds.ThresholdsError, match=message):
+        thresholds.Thresholds.from_mapping(data)
 
 
 def test_missing_threshold_is_refused() -> None:
     data = thresholds_data()
     del data["stalled_for"]
-    with pytest.raises(rules.ThresholdsError, match="missing keys \\['stalled_for'\\]"):
-        rules.Thresholds.from_mapping(data)
+    with pytest.raises(thresholds.ThresholdsError, match="missing keys \\['stalled_for'\\]"):
+        thresholds.Thresholds.from_mapping(data)
 
 
 def test_cli_reports_bad_thresholds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -201,7 +201,7 @@ def test_rule_tests_catch_a_too_eager_straggler_factor(tmp_path: Path) -> None:
     rules_dir = tmp_path / "alerts" / "trainguard" / "alerts"
     rules_dir.mkdir(parents=True)
     (rules_dir / "trainguard.rules.yml").write_text(
-        rules.render(rules.Thresholds.from_mapping(eager))
+        rules.render(thresholds.Thresholds.from_mapping(eager))
     )
     tests_dir = tmp_path / "tests" / "alerts"
     tests_dir.mkdir(parents=True)

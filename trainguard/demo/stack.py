@@ -27,6 +27,7 @@ import yaml
 from trainguard import contract
 from trainguard.alerts import rules as alert_rules
 from trainguard.demo.config import DEMO_JOB_ID, NODES, DemoConfig
+from trainguard.thresholds import Thresholds
 
 REPO_ALERTS = Path(alert_rules.__file__).resolve().parent
 
@@ -99,7 +100,7 @@ def write_configs(cfg: DemoConfig) -> dict[str, Path]:
     thresholds.update(DEMO_THRESHOLDS)
     rules_path = conf / "trainguard.rules.yml"
     rules_path.parent.mkdir(parents=True, exist_ok=True)
-    rules_path.write_text(alert_rules.render(alert_rules.Thresholds.from_mapping(thresholds)))
+    rules_path.write_text(alert_rules.render(Thresholds.from_mapping(thresholds)))
     cfg.token_file.parent.mkdir(parents=True, exist_ok=True)
     if not cfg.token_file.exists():
         cfg.token_file.write_text(secrets.token_urlsafe(32))

@@ -109,7 +109,7 @@ def job_median(per_rank: dict[int, Series]) -> dict[float, float]:
 
 
 def find_stragglers(sig: Signals) -> list[_Straggler]:
-    factor = thresholds()["straggler_factor"]
+    factor = thresholds().straggler_factor
     median = job_median(sig.compute)
     out = []
     for rank, series in sig.compute.items():
@@ -386,7 +386,7 @@ class Diagnosis:
     # --- hang -----------------------------------------------------------------------------
     def _stall(self) -> None:
         sig = self.sig
-        floor = thresholds()["collective_stall_floor_seconds"]
+        floor = thresholds().collective_stall_floor_seconds
         threshold = (sig.stall_threshold.last() if sig.stall_threshold else None) or floor
         peak_rank, peak_age, peak_t = None, 0.0, None
         for rank, s in sig.oldest_inflight.items():

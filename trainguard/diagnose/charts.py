@@ -182,7 +182,7 @@ def collective_age(d: Diagnosis, out_dir: Path) -> Chart | None:
     if threshold is None:
         from trainguard.diagnose.signals import thresholds
 
-        threshold = thresholds()["collective_stall_floor_seconds"]
+        threshold = thresholds().collective_stall_floor_seconds
     fig = _figure()
     ax = fig.add_subplot()
     for rank in sorted(sig.oldest_inflight):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from trainguard import contract
 from trainguard.diagnose.prometheus import PrometheusClient, Series
+from trainguard.thresholds import Thresholds, load_default
 
 RANK_BY = ", ".join(contract.RANK_IDENTITY_LABELS)
 # Selectors of raw series (not recording rules, whose names hold colons) in a rule expression.
@@ -35,26 +36,15 @@ class NoDataError(RuntimeError):
 @functools.cache
 def _rules() -> dict[str, str]:
     """Recording-rule name -> expression, rendered from the packaged thresholds."""
-    from trainguard.alerts.cli import HERE
-    from trainguard.alerts.rules import Thresholds, recording_rules
+    from trainguard.alerts.rules import recording_rules
 
-    return {
-        rule["record"]: rule["expr"]
-        for rule in recording_rules(Thresholds.load(HERE / "thresholds.yml"))
-    }
+    return {rule["record"]: rule["expr"] for rule in recording_rules(thresholds())}
 
 
 @functools.cache
-def thresholds() -> dict[str, float]:
-    """The alert thresholds the diagnosis judges by (the same file the rules come from)."""
-    from trainguard.alerts.cli import HERE
-    from trainguard.alerts.rules import Thresholds
-
-    t = Thresholds.load(HERE / "thresholds.yml")
-    return {
-        "straggler_factor": float(t.straggler_factor),
-        "collective_stall_floor_seconds": float(t.collective_stall_floor_seconds),
-    }
+def thresholds() -> Thresholds:
+    """The thresholds the diagnosis judges by (the same file the rules come from)."""
+    return load_default()
 
 
 def promql_string(value: str) -> str:

@@ -33,7 +33,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainguard.alerts.rules import Thresholds, ThresholdsError, render
+    from trainguard.alerts.rules import render
+    from trainguard.thresholds import Thresholds, ThresholdsError
 
     try:
         text = render(Thresholds.load(args.thresholds))

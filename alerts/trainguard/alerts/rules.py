@@ -8,21 +8,17 @@ this module's output, committed so Prometheus can load it without Python, and ke
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from trainguard import contract
 from trainguard.contract import Alert, Severity
+from trainguard.thresholds import Thresholds
 
 # One group: rules of a group run in order, so every alert reads the recording rules of the
 # same evaluation (separate groups run independently and would see them one interval late).
 GROUP = "trainguard"
-
-_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 
 # Labels kept by per-rank aggregations: the rank's identity, without Prometheus' job/instance.
 RANK = ", ".join(contract.RANK_IDENTITY_LABELS)
@@ -40,93 +36,6 @@ def _up(scrape_job: str) -> str:
 
 RANK_UP = _up(contract.SCRAPE_JOB_RANKS)
 EXPORTER_UP = _up(contract.SCRAPE_JOB_EXPORTER)
-
-
-class ThresholdsError(ValueError):
-    """The thresholds file is missing a key, has an unknown one, or a value of the wrong type."""
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """The contents of ``thresholds.yml`` (see the comments there for what each one means)."""
-
-    rate_window: str
-    warmup_steps: int
-    straggler_factor: float
-    straggler_min_ranks: int
-    straggler_for: str
-    collective_stall_floor_seconds: float
-    collective_stall_step_multiplier: float
-    collective_stall_for: str
-    nccl_timeout_window: str
-    stalled_seconds: float
-    stalled_for: str
-    rank_down_for: str
-    rank_absent_window: str
-    oom_window: str
-    oom_risk_headroom_ratio: float
-    oom_risk_predict_headroom_ratio: float
-    oom_risk_predict_window: str
-    oom_risk_predict_horizon_seconds: float
-    oom_risk_for: str
-    dataloader_wait_ratio: float
-    dataloader_for: str
-    fragmentation_ratio: float
-    fragmentation_retry_window: str
-    fragmentation_for: str
-    xid_window: str
-    xid_critical: tuple[int, ...]
-    thermal_throttle_reasons: str
-    thermal_for: str
-    nvml_down_for: str
-    nccl_socket_transport: str
-    nccl_socket_for: str
-    scheduler_labels_window: str
-    runbook_base_url: str
-
-    @classmethod
-    def from_mapping(cls, data: object) -> Thresholds:
-        if not isinstance(data, dict):
-            raise ThresholdsError("thresholds must be a mapping of key: value")
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        missing = sorted(names - set(data))
-        if unknown or missing:
-            raise ThresholdsError(f"unknown keys {unknown}, missing keys {missing}")
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            values[f.name] = _coerce(f.name, str(f.type), data[f.name])
-        return cls(**values)
-
-    @classmethod
-    def load(cls, path: Path) -> Thresholds:
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as error:
-            raise ThresholdsError(f"{path}: not valid YAML: {error}") from error
-        return cls.from_mapping(data)
-
-
-def _coerce(name: str, type_name: str, value: object) -> object:
-    if type_name == "str":
-        if not isinstance(value, str) or not value:
-            raise ThresholdsError(f"{name}: expected a non-empty string, got {value!r}")
-        if (name.endswith(("_for", "_window")) or name == "rate_window") and not _DURATION.match(
-            value
-        ):
-            raise ThresholdsError(f"{name}: {value!r} is not a Prometheus duration")
-        return value
-    if type_name == "int":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ThresholdsError(f"{name}: expected a non-negative integer, got {value!r}")
-        return value
-    if type_name == "float":
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ThresholdsError(f"{name}: expected a positive number, got {value!r}")
-        return float(value)
-    if not isinstance(value, list) or not value or not all(isinstance(v, int) for v in value):
-        raise ThresholdsError(f"{name}: expected a non-empty list of integers, got {value!r}")
-    return tuple(value)
 
 
 def _num(value: float) -> str:
