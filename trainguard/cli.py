@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -49,6 +50,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; a reader of its output that goes away early (``| head``) ends it
+    quietly with status 1, the recipe of https://docs.python.org/3/library/signal.html#note-on-sigpipe
+    (Python ignores SIGPIPE, so each write to the closed pipe raises BrokenPipeError)."""
+    try:
+        try:
+            result = _run(argv)
+        except SystemExit:  # argparse's --help and usage errors
+            sys.stdout.flush()
+            raise
+        # Flush here rather than at interpreter exit, so a closed pipe is caught below and not
+        # reported by Python as an exception ignored while flushing stdout.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+        return 1
+    return result
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -57,6 +77,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(args._module)
     result: int = module.run(args)
     return result
+
+
+def _discard_stdout() -> None:
+    """Point stdout's descriptor at /dev/null: what is still buffered in it is flushed there at
+    exit instead of raising BrokenPipeError again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (a test's capture): nothing is flushed to a descriptor at exit
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

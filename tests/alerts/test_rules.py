@@ -44,14 +44,28 @@ def thresholds_data() -> dict[str, Any]:
 RUNBOOK_PARTS = ("Symptom", "Scope", "Root cause", "Fix", "Prevention")
 
 
+# What each failure section (``## <failure>``) says, in order, before its alerts' sections.
+FAILURE_PARTS = ("Alerts", "Signals", "Default actions", "Triage", "Diagnose")
+
+
+def anchor_of(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but ``-`` and ``_`` dropped."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.lower()).replace(" ", "-")
+
+
 def runbook_sections(text: str) -> dict[str, str]:
-    """Body of each section of a Markdown runbook, keyed by its heading's anchor."""
+    """Body of each section of a Markdown runbook (up to the next heading of any level), keyed
+    by its heading's anchor."""
     sections: dict[str, str] = {}
     chunks = re.split(r"^#+ (.+)$", text, flags=re.M)
     for heading, body in zip(chunks[1::2], chunks[2::2], strict=True):
-        anchor = re.sub(r"[^a-z0-9 -]", "", heading.lower()).replace(" ", "-")
-        sections[anchor] = body
+        sections[anchor_of(heading)] = body
     return sections
+
+
+def runbook_outline(text: str) -> list[tuple[int, str]]:
+    """(level, heading) of every heading of a Markdown runbook, in order."""
+    return [(len(m[1]), m[2]) for m in re.finditer(r"^(#+) (.+)$", text, flags=re.M)]
 
 
 def test_committed_rules_match_the_thresholds() -> None:
@@ -141,6 +155,60 @@ def test_every_alert_runbook_section_has_the_five_parts() -> None:
         anchor = rule["annotations"][contract.ANNOTATION_RUNBOOK_URL].split("#")[1]
         parts = re.findall(r"^- \*\*(.+?)\*\*:", sections[anchor], flags=re.M)
         assert tuple(parts) == RUNBOOK_PARTS, f"{rule['alert']}: runbook section has {parts}"
+
+
+def test_the_runbook_has_a_section_per_failure_holding_its_alerts() -> None:
+    """``## <failure value>`` per failure (anchor == value), its alerts as ``### <Alert>``."""
+    outline = runbook_outline((ALERTS / "runbook.md").read_text())
+    failures = [heading for level, heading in outline if level == 2]
+    assert failures == [spec.runbook_anchor for spec in contract.FAILURES.values()]
+    assert all(anchor_of(heading) == heading for heading in failures)
+    under: dict[str, list[str]] = {}
+    current = ""
+    for level, heading in outline:
+        if level == 2:
+            current = heading
+        elif level == 3:
+            under.setdefault(current, []).append(heading)
+        else:
+            assert level == 1 and not current, f"unexpected heading {heading!r}"
+    for failure, spec in contract.FAILURES.items():
+        assert under.get(failure.value, []) == [alert.value for alert in spec.alerts], failure
+
+
+@pytest.mark.parametrize("spec", contract.FAILURES.values(), ids=lambda s: s.failure.value)
+def test_each_failure_section_says_what_the_catalogue_says(spec: contract.FailureSpec) -> None:
+    body = runbook_sections((ALERTS / "runbook.md").read_text())[spec.runbook_anchor]
+    assert spec.summary in body
+    parts = dict(re.findall(r"^- \*\*(.+?)\*\*: (.*?)(?=^- \*\*|\Z)", body, flags=re.M | re.S))
+    assert tuple(parts) == FAILURE_PARTS, parts.keys()
+    text = {name: " ".join(value.split()) for name, value in parts.items()}
+    links = re.findall(r"\]\(#([a-z0-9_-]+)\)", text["Alerts"])
+    assert links == [alert.value.lower() for alert in spec.alerts]
+    assert re.findall(r"`([a-z0-9_]+)`", text["Signals"]) == [m.name for m in spec.signals]
+    actions = re.findall(r"`([a-z_]+)`", text["Default actions"])
+    assert actions == [action.value for action in spec.actions]
+    for name, reference in (("Triage", spec.triage_detector), ("Diagnose", spec.diagnose_analysis)):
+        if reference is None:
+            assert text[name].startswith("none"), name
+        else:
+            module, _, attribute = reference.partition(":")
+            assert module in text[name] and attribute in text[name], (name, reference)
+
+
+def test_each_failure_module_renders_the_alerts_of_its_failures() -> None:
+    """Every alert's rules come from one module, the one owning its failure."""
+    t = thresholds.load_default()
+    owner: dict[Alert, str] = {}
+    for module in rules.MODULES:
+        for rule in module.rules(t):
+            assert isinstance(rule.alert, Alert)
+            assert rule.failure in module.FAILURES, (module.__name__, rule.alert)
+            assert owner.setdefault(rule.alert, module.__name__) == module.__name__, rule.alert
+    assert set(owner) == set(Alert)
+    declared = [failure for module in rules.MODULES for failure in module.FAILURES]
+    with_alerts = {spec.failure for spec in contract.FAILURES.values() if spec.alerts}
+    assert len(declared) == len(set(declared)) and with_alerts <= set(declared)
 
 
 def test_recording_rules_follow_level_metric_operation() -> None:

@@ -20,7 +20,7 @@ from tests.alerts.tools import (
     run,
 )
 from trainguard import cli, contract
-from trainguard.dashboards import build
+from trainguard.dashboards import build, panels
 
 DASHBOARD_DIR = REPO / "dashboards" / "trainguard" / "dashboards"
 DASHBOARDS = sorted(DASHBOARD_DIR.glob("*.json"))
@@ -39,7 +39,7 @@ def queries(board: dict[str, Any]) -> list[tuple[str, str]]:
     found = []
     for panel in board["panels"]:
         for target in panel.get("targets", []):
-            assert target["datasource"]["uid"] == build.PROMETHEUS_UID, panel["title"]
+            assert target["datasource"]["uid"] == panels.PROMETHEUS_UID, panel["title"]
             found.append((panel["title"], target["expr"]))
     return found
 
@@ -97,7 +97,7 @@ def test_rank_dashboards_offer_job_node_and_rank() -> None:
         board = load(DASHBOARD_DIR / f"{stem}.json")
         assert variable_names(board) == ["job_id", "node", "rank"]
         for var in board["templating"]["list"]:
-            assert var["datasource"]["uid"] == build.PROMETHEUS_UID
+            assert var["datasource"]["uid"] == panels.PROMETHEUS_UID
             assert var["query"].startswith(f"label_values({contract.STEPS.name}")
 
 
@@ -144,16 +144,16 @@ def test_gradient_sync_latency_links_exemplars_to_traces() -> None:
     (destination,) = prometheus["jsonData"]["exemplarTraceIdDestinations"]
     assert destination["name"] == contract.EXEMPLAR_TRACE_ID
     jaeger = next(d for d in datasources["datasources"] if d["type"] == "jaeger")
-    assert destination["datasourceUid"] == jaeger["uid"] == build.JAEGER_UID
+    assert destination["datasourceUid"] == jaeger["uid"] == panels.JAEGER_UID
 
 
 def test_provisioning_has_the_fixed_datasource_uids() -> None:
     datasources = yaml.safe_load((PROVISIONING / "datasources" / "trainguard.yml").read_text())
     uids = {d["type"]: d["uid"] for d in datasources["datasources"]}
     assert uids == {
-        "prometheus": build.PROMETHEUS_UID,
-        "jaeger": build.JAEGER_UID,
-        "elasticsearch": build.ELASTICSEARCH_UID,
+        "prometheus": panels.PROMETHEUS_UID,
+        "jaeger": panels.JAEGER_UID,
+        "elasticsearch": panels.ELASTICSEARCH_UID,
     }
     providers = yaml.safe_load((PROVISIONING / "dashboards" / "trainguard.yml").read_text())
     (provider,) = providers["providers"]
@@ -166,3 +166,11 @@ def test_panel_ids_and_uids_are_unique(path: Path) -> None:
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
     assert board["uid"] == f"trainguard-{path.stem}"
+
+
+def test_each_dashboard_has_its_own_module() -> None:
+    """``trainguard.dashboards.<name>.dashboard()`` renders ``<name>.json``, one per module."""
+    stems = [make().uid.removeprefix("trainguard-") for make in build.DASHBOARDS]
+    modules = [make.__module__.rsplit(".", 1)[1] for make in build.DASHBOARDS]
+    assert stems == modules
+    assert sorted(stems) == [p.stem for p in DASHBOARDS]

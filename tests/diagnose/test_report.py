@@ -45,7 +45,7 @@ def test_one_slow_rank_is_scoped_to_that_rank(history: History, tmp_path: Path) 
     assert top.cause == "slow_gpu_or_process"
     assert top.facts["slow_phase"] == "forward"
     assert top.facts["ratio"] == pytest.approx(0.43 / 0.31, rel=0.03)
-    assert "gpu_thermal_throttling" not in causes(report)
+    assert "gpu_throttling" not in causes(report)
     # Charts: every rank in the heatmap, rank 5 slower than the others after the onset.
     heat = chart(report, HEATMAP)
     assert heat["ranks"] == list(range(8))
@@ -80,7 +80,7 @@ def test_thermal_throttling_on_one_node_is_the_top_cause(history: History, tmp_p
     assert report.failure is Failure.STRAGGLER
     assert (report.scope.level, report.scope.nodes) == (ScopeLevel.NODE, ["th-b"])
     top = report.candidates[0]
-    assert top.cause == "gpu_thermal_throttling"
+    assert top.cause == "gpu_throttling"
     assert top.facts["node"] == "th-b"
     assert top.facts["gpus"] == ["0", "1", "2", "3"]
     assert top.facts["reasons"] == ["hw_thermal_slowdown"]
@@ -232,7 +232,7 @@ def test_oom_the_memory_series_do_not_explain_says_so(history: History, tmp_path
 def test_uncorrectable_ecc_errors_drain_that_gpu_s_node(history: History, tmp_path: Path) -> None:
     report = run(history, synthetic.ECC, tmp_path)
     # Corrected errors on ec-a are not a fault.
-    assert [s.failure for s in report.symptoms] == [Failure.GPU_HARDWARE]
+    assert [s.failure for s in report.symptoms] == [Failure.GPU_FAULT]
     assert report.symptoms[0].summary == "2 uncorrectable ECC error(s) on GPU 0 of node ec-b"
     onset = history.now - 3600 + 150 * synthetic.INTERVAL
     assert report.symptoms[0].since == pytest.approx(onset, abs=20)
@@ -248,7 +248,7 @@ def test_uncorrectable_ecc_errors_drain_that_gpu_s_node(history: History, tmp_pa
 
 def test_xid_79_drains_the_node_of_the_dead_rank(history: History, tmp_path: Path) -> None:
     report = run(history, synthetic.XID, tmp_path)
-    assert report.failure is Failure.GPU_HARDWARE
+    assert report.failure is Failure.GPU_FAULT
     assert report.scope.level is ScopeLevel.NODE
     assert (report.scope.nodes, report.scope.gpus, report.scope.ranks) == (["xi-b"], ["2"], [6])
     top = report.candidates[0]
@@ -256,7 +256,7 @@ def test_xid_79_drains_the_node_of_the_dead_rank(history: History, tmp_path: Pat
     assert top.facts["drain"] == "now"
     assert any("Drain node xi-b now" in advice for advice in top.do_now)
     # The hang that follows is reported too, as a consequence waiting for rank 6.
-    assert Failure.COLLECTIVE_STALL in [s.failure for s in report.symptoms]
+    assert Failure.HANG in [s.failure for s in report.symptoms]
     stall = next(c for c in report.candidates if c.cause == "rank_never_joined")
     assert stall.facts["suspect_ranks"] == [6]
     assert stall.confidence < top.confidence
@@ -270,7 +270,7 @@ def test_hang_names_the_rank_and_collective_from_flight_recorder_dumps(
     history: History, hang: HangRun, tmp_path: Path
 ) -> None:
     report = run(history, synthetic.HANG, tmp_path, dumps=hang.dumps, logs=[str(hang.logs)])
-    assert report.failure is Failure.COLLECTIVE_STALL
+    assert report.failure is Failure.HANG
     assert (report.scope.level, report.scope.ranks) == (ScopeLevel.RANK, [2])
     top = report.candidates[0]
     assert top.cause == "rank_never_joined"
@@ -362,7 +362,7 @@ def test_the_command_writes_markdown_charts_and_json(
     data = json.loads((out / "report.json").read_text())
     assert data["failure"] == "straggler"
     assert data["scope"]["level"] == "node"
-    assert data["candidates"][0]["cause"] == "gpu_thermal_throttling"
+    assert data["candidates"][0]["cause"] == "gpu_throttling"
     assert {c["name"] for c in data["charts"]} == {HEATMAP, PHASES, MEMORY}
     assert data["charts"][0]["data"]["ranks"] == list(range(12))
 

@@ -14,6 +14,7 @@ import pytest
 from tests.diagnose.synthetic import OOM_LOG
 from trainguard import contract
 from trainguard.cli import main
+from trainguard.contract import Failure
 from trainguard.diagnose.cli import duration, timestamp
 from trainguard.diagnose.evidence import read_logs
 from trainguard.diagnose.model import Chart, Report
@@ -109,7 +110,7 @@ def test_logs_give_events_of_this_job_and_triage_findings(tmp_path) -> None:
     (event,) = evidence.events
     assert (event.kind, event.rank, event.details) == ("oom", 1, {"tried_bytes": 1})
     assert evidence.other_jobs_skipped == 1
-    assert [f.category.value for f in evidence.findings] == ["cuda_oom"]
+    assert [f.failure for f in evidence.findings] == [Failure.OOM]
     assert evidence.findings[0].fields["verdict"] == "fragmentation"
     assert evidence.unreadable and "missing.log" in evidence.unreadable[0]
 

@@ -213,11 +213,11 @@ def test_the_drill(tmp_path: Path) -> None:
     # The incident report (trainguard diagnose) found all three failures and drew its charts.
     incident = json.loads((cfg.workdir / "incident" / "report.json").read_text())
     failures = {symptom["failure"] for symptom in incident["symptoms"]}
-    assert {"straggler", "collective_stall", "oom"} <= failures, incident["symptoms"]
+    assert {"straggler", "hang", "oom"} <= failures, incident["symptoms"]
     # Each symptom is pinned on the rank (and node) the plan injected it into ...
     symptoms = {symptom["failure"]: symptom for symptom in incident["symptoms"]}
     assert (symptoms["straggler"]["ranks"], symptoms["straggler"]["nodes"]) == ([2], ["node-b"])
-    assert symptoms["collective_stall"]["ranks"] == [1]
+    assert symptoms["hang"]["ranks"] == [1]
     assert symptoms["oom"]["ranks"] == [0]
     # ... and the causes name it too, each with something to do now and next time.
     causes = {candidate["cause"]: candidate for candidate in incident["candidates"]}
@@ -238,7 +238,7 @@ def test_the_drill(tmp_path: Path) -> None:
     assert {"exclude_node", "restart_from_checkpoint", "split_micro_batches"} <= set(reports)
     assert all(r["error"] is None and r["job_id"] == DEMO_JOB_ID for r in reports.values())
     restart = reports["restart_from_checkpoint"]["report"]
-    assert "collective_stall" in {s["failure"] for s in restart["symptoms"]}, restart["symptoms"]
+    assert "hang" in {s["failure"] for s in restart["symptoms"]}, restart["symptoms"]
 
     # Every dashboard query has data, except series only real GPUs/NCCL produce.
     missing = [p for p in findings["empty_panels"] if not NEEDS_REAL_HARDWARE.search(p[2])]

@@ -21,6 +21,7 @@ from tests.exporters.conftest import (
 )
 from trainguard import contract
 from trainguard.cli import main as cli_main
+from trainguard.exporters import nccl_lint
 from trainguard.exporters.collectors.nccl_config import NcclConfigCollector
 from trainguard.exporters.doctor import render
 from trainguard.exporters.nccl_lint import (
@@ -43,9 +44,15 @@ from trainguard.exporters.procs import (
 IB_HOST = HostFacts(ib_devices=("mlx5_0", "mlx5_1"), interfaces=("eth0", "ib0"))
 
 
-def _checks(env: dict[str, str], host: HostFacts = IB_HOST, p99: float | None = None) -> set[Check]:
+def _checks(
+    env: dict[str, str],
+    host: HostFacts = IB_HOST,
+    p99: float | None = None,
+    torch_version: str | None = "2.13.0",
+) -> set[Check]:
     latency = Latency(p99) if p99 is not None else None
-    return {f.check for f in lint_process(TrainingProcess(4242, env), host, latency)}
+    process = TrainingProcess(4242, env)
+    return {f.check for f in lint_process(process, host, latency, torch_version)}
 
 
 def test_a_well_configured_rank_passes_every_check() -> None:
@@ -77,9 +84,16 @@ def test_checks_that_need_host_facts_or_latency_stay_quiet_without_them() -> Non
 
 
 def test_unset_variables_count_as_off() -> None:
-    assert _checks(rank_env(0, 0), IB_HOST) == {
+    # The Flight Recorder's default depends on the torch release (tests/exporters/
+    # test_flight_recorder.py): off before 2.11, and unknown without a version.
+    for torch_version in ("2.10.0", None):
+        assert _checks(rank_env(0, 0), IB_HOST, torch_version=torch_version) == {
+            Check.SOCKET_IFNAME_UNSET,
+            Check.FLIGHT_RECORDER_OFF,
+            Check.NCCL_DEBUG_FILE_UNSET,
+        }
+    assert _checks(rank_env(0, 0), IB_HOST, torch_version="2.13.0") == {
         Check.SOCKET_IFNAME_UNSET,
-        Check.FLIGHT_RECORDER_OFF,
         Check.NCCL_DEBUG_FILE_UNSET,
     }
 
@@ -233,25 +247,38 @@ def test_doctor_report_names_ranks_and_fixes() -> None:
         TrainingProcess(100, {**well_configured(0, 0), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}),
         TrainingProcess(101, {**well_configured(1, 1), "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}),
     ]
-    report = render(processes, 3, IB_HOST, None)
+    report = render(processes, 3, IB_HOST, None, torch_version="2.13.0+cpu")
     assert "[async_error_handling_off] rank 0 (pid 100), rank 1 (pid 101)" in report.text
     assert "fix:     unset TORCH_NCCL_ASYNC_ERROR_HANDLING" in report.text
     assert "3 process(es) could not be read" in report.text
     assert len(report.findings) == 2
-    clean = render([TrainingProcess(1, well_configured(0, 0))], 0, IB_HOST, None)
+    clean = render(
+        [TrainingProcess(1, well_configured(0, 0))], 0, IB_HOST, None, torch_version="2.13.0"
+    )
     assert clean.findings == []
     assert "All NCCL configuration checks passed." in clean.text
 
 
-def test_doctor_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_command_exit_codes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     proc, sys_root = tmp_path / "proc", tmp_path / "sys"
     proc.mkdir()
     sys_root.mkdir()
     args = ["doctor", "--proc-root", str(proc), "--sys-root", str(sys_root), "--no-latency"]
+    monkeypatch.setattr(nccl_lint, "installed_torch_version", lambda: "2.10.0")
     assert cli_main(args) == 0
     assert "No training process" in capsys.readouterr().out
     _fake_proc(proc, 10, rank_env(0, 0))
     assert cli_main(args) == 1
     out = capsys.readouterr().out
+    assert "torch: 2.10.0 (Flight Recorder by default: off" in out
     assert "[flight_recorder_off] rank 0 (pid 10)" in out
+    assert "TORCH_FR_BUFFER_SIZE is unset: torch 2.10.0's default is 0" in out
     assert "TORCH_FR_BUFFER_SIZE=2000" in out
+    # The same rank under torch 2.13, whose Flight Recorder keeps 2000 entries by default.
+    monkeypatch.setattr(nccl_lint, "installed_torch_version", lambda: "2.13.0+cpu")
+    assert cli_main(args) == 1  # NCCL_DEBUG_FILE is still unset
+    out = capsys.readouterr().out
+    assert "torch: 2.13.0+cpu (Flight Recorder by default: 2000 entries" in out
+    assert "flight_recorder_off" not in out

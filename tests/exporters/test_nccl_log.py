@@ -11,6 +11,7 @@ import pytest
 
 from tests.exporters.conftest import one, registry_of, scrape, values
 from trainguard import contract
+from trainguard.contract import NcclErrorKind
 from trainguard.exporters.collectors.nccl import NcclCollector
 from trainguard.exporters.nccl_follow import ChildProcessSource, PollingSource
 from trainguard.exporters.nccl_log import (
@@ -25,7 +26,6 @@ from trainguard.exporters.nccl_log import (
     Trees,
     UsingNetwork,
     Version,
-    WarnKind,
     classify_warning,
     parse_line,
     transport_of,
@@ -88,7 +88,7 @@ def _comms(state: NcclLogState) -> dict[str, Communicator]:
         ),
         (
             b"h:1:2 [0] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by peer",
-            NcclWarning(1, WarnKind.SOCKET),
+            NcclWarning(1, NcclErrorKind.SOCKET),
         ),
     ],
 )
@@ -124,15 +124,18 @@ def test_warning_kinds_from_the_fixture() -> None:
     state = _state_of("nccl-warnings.log")
     _, errors = state.snapshot()
     assert errors == {
-        WarnKind.IB: 2,
-        WarnKind.PROXY: 1,
-        WarnKind.SOCKET: 1,
-        WarnKind.CUDA: 1,
-        WarnKind.TIMEOUT: 1,
-        WarnKind.SYSTEM: 1,
-        WarnKind.OTHER: 1,
+        NcclErrorKind.IB: 2,
+        NcclErrorKind.PROXY: 1,
+        NcclErrorKind.SOCKET: 1,
+        NcclErrorKind.CUDA: 1,
+        NcclErrorKind.TIMEOUT: 1,
+        NcclErrorKind.INVALID_USAGE: 1,  # "Invalid config ...": NCCL returns ncclInvalidArgument
+        NcclErrorKind.SYSTEM: 1,
+        NcclErrorKind.OTHER: 1,
     }
-    assert classify_warning(b"enqueue.cc:1 Cuda failure 'out of memory'") is WarnKind.CUDA
+    assert classify_warning(b"enqueue.cc:1 Cuda failure 'out of memory'") is NcclErrorKind.CUDA
+    # bytes that are not UTF-8 are still classified (latin-1 decodes anything)
+    assert classify_warning(b"\xff\xfe socket.cc:1 Connection refused") is NcclErrorKind.SOCKET
 
 
 def test_nccl_2_18_multi_node_infiniband() -> None:
@@ -282,7 +285,7 @@ def test_collector_exports_info_and_every_error_kind(tmp_path: Path) -> None:
         "rank": "0",
     }
     errors = values(samples, contract.NCCL_LOG_ERRORS.name)
-    assert len(errors) == len(WarnKind)
+    assert len(errors) == len(NcclErrorKind)
     assert one(samples, contract.NCCL_LOG_ERRORS.name, kind="ib") == 2.0
     assert one(samples, contract.NCCL_LOG_FILES.name) == 2.0
     assert one(samples, contract.NCCL_LOG_BYTES.name) > 0
@@ -328,7 +331,7 @@ def test_feed_block_equals_feeding_lines() -> None:
     by_lines.feed("f", data.split(b"\n"))
     by_block.feed_block("f", data)
     assert by_block.snapshot() == by_lines.snapshot()
-    assert sum(by_block.snapshot()[1].values()) == 8  # the garbage WARN has no prefix
+    assert sum(by_block.snapshot()[1].values()) == 9  # the garbage WARN has no prefix
 
 
 def test_processes_and_half_seen_inits_are_bounded() -> None:

@@ -65,7 +65,13 @@ def test_event_becomes_ecs_json_with_labels_and_step(tmp_path: Path, logger) -> 
         "outcome": "failure",
         "dataset": "trainguard.rank",
     }
-    assert event["labels"] == {"job_id": "job-42", "rank": "3", "node": "node-7", "step": "120"}
+    assert event["labels"] == {
+        "job_id": "job-42",
+        "rank": "3",
+        "node": "node-7",
+        "step": "120",
+        "failure": contract.Failure.OOM.value,
+    }
     assert event["service"]["name"] == "trainguard-rank"
     assert event["host"]["name"]
     assert event["data_stream"] == {

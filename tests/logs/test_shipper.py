@@ -107,7 +107,12 @@ def test_events_reach_the_data_stream_in_order_as_ecs(fake, make_shipper, logger
     docs = fake.docs(STREAM)
     assert [d["message"] for d in docs] == [f"event {i}" for i in range(60)]
     assert docs[5]["event"]["action"] == "straggler"
-    assert docs[5]["labels"] == {"job_id": "job-1", "rank": "1", "step": "5"}
+    assert docs[5]["labels"] == {
+        "job_id": "job-1",
+        "rank": "1",
+        "step": "5",
+        "failure": contract.Failure.STRAGGLER.value,
+    }
     assert shipper.stats.shipped == shipper.stats.accepted == 60
     # batches of at most batch_size, sent as create operations with stable ids
     assert max(fake.state.bulk_sizes) <= 25

@@ -23,6 +23,7 @@ from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.pool import NullPool
 
 from tests.remediation import postgres
+from trainguard.contract import Action
 from trainguard.remediation.app import create_app, default_executors
 from trainguard.remediation.executors import ActionRecord, Executor
 from trainguard.remediation.hub import DirectiveHub
@@ -72,11 +73,13 @@ def payload(*alerts: dict[str, Any], status: str = "firing") -> dict[str, Any]:
 class RecordingExecutor:
     """Stands in for a scheduler: records what it was asked to do."""
 
-    actions = frozenset({"restart_from_checkpoint", "exclude_node", "drain_node", "annotate"})
+    actions: frozenset[Action] = frozenset(
+        {Action.RESTART_FROM_CHECKPOINT, Action.EXCLUDE_NODE, Action.DRAIN_NODE, Action.ANNOTATE}
+    )
 
     def __init__(self, name: str = "local") -> None:
         self.name = name
-        self.executed: list[tuple[int, str, dict[str, Any]]] = []
+        self.executed: list[tuple[int, Action, dict[str, Any]]] = []
 
     def prepare(self, action: ActionRecord) -> dict[str, Any]:
         return {"target": action.labels.get("job_id")}

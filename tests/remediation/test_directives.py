@@ -18,6 +18,7 @@ from tests.remediation.conftest import (
     serve_http,
     wait_for,
 )
+from trainguard.contract import Action
 from trainguard.instrumentation.directives import Directive, DirectiveClient
 from trainguard.remediation.app import create_app
 from trainguard.remediation.settings import Settings
@@ -58,13 +59,14 @@ def test_client_receives_and_acks_directives(settings: Settings) -> None:
         # The long-poll answered as soon as the directive was queued, not at its timeout.
         assert time.monotonic() - sent < 1.5
         assert sorted(rank for rank, _ in received) == [0, 1]
-        assert {d.kind for _, d in received} == {"checkpoint_now"}
+        assert {d.kind for _, d in received} == {Action.CHECKPOINT_NOW}
         for client in clients:
             client.stop()
             client.stop()
             assert not client.running
         actions = httpx.get(f"{url}/v1/actions", headers=AUTH).json()["actions"]
-        directive_action = next(a for a in actions if a["action"] == "checkpoint_now")
+        # On the wire an action is its value.
+        directive_action = next(a for a in actions if a["action"] == Action.CHECKPOINT_NOW.value)
         assert directive_action["state"] == "succeeded"
         notes = [t["note"] for t in directive_action["transitions"] if t["state"] == "acknowledged"]
         assert sorted(notes) == ["rank 0 acknowledged: success", "rank 1 acknowledged: success"]
@@ -95,7 +97,7 @@ def test_failed_callback_is_acked_as_failure_and_not_rerun(settings: Settings) -
         client.stop()
         assert len(calls) == 1
         actions = httpx.get(f"{url}/v1/actions", headers=AUTH).json()["actions"]
-        split = next(a for a in actions if a["action"] == "split_micro_batches")
+        split = next(a for a in actions if a["action"] == Action.SPLIT_MICRO_BATCHES.value)
         notes = [t["note"] for t in split["transitions"] if t["state"] == "acknowledged"]
         assert len(notes) == 1 and notes[0].startswith("rank 0 acknowledged: failure")
         assert "cannot checkpoint now" in notes[0]
@@ -144,3 +146,12 @@ def test_ack_errors(settings: Settings) -> None:
             f"{url}/v1/directives", params={"job_id": "j", "rank": -1}, headers=AUTH
         )
         assert response.status_code == 422
+
+
+def test_a_directive_of_an_unknown_kind_is_acknowledged_as_failed_without_the_callback() -> None:
+    calls: list[Directive] = []
+    client = DirectiveClient("http://127.0.0.1:1", "j", 0, calls.append)
+    outcome, detail = client._carry_out(5, {"id": 5, "kind": "reboot_the_world", "params": {}})
+    assert outcome == "failure" and "reboot_the_world" in detail and calls == []
+    outcome, _ = client._carry_out(6, {"id": 6, "kind": "checkpoint_now"})
+    assert outcome == "success" and calls == [Directive(6, Action.CHECKPOINT_NOW, {})]

@@ -58,7 +58,7 @@ def test_hook_carries_out_and_hands_over_directives(
                 headers=AUTH,
             ).raise_for_status()
         wait_for(lambda: handle.micro_batches == 2 and len(received) == 1)
-        assert received[0].kind == "checkpoint_now"
+        assert received[0].kind is contract.Action.CHECKPOINT_NOW
         wait_for(lambda: bool(list(tmp_path.glob("job-d/directive-*/stacks_rank0.txt"))))
         wait_for(
             lambda: (

@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from kubernetes import client
 
+from trainguard.contract import Action
 from trainguard.remediation.executors import ActionRecord, ExecutionError
 from trainguard.remediation.executors.kubernetes import KubernetesExecutor
 
@@ -107,7 +108,7 @@ def _executor(api: FakeApiServer) -> KubernetesExecutor:
     return KubernetesExecutor(build, namespace="default", job_label="trainguard.io/job-id")
 
 
-def _action(action: str, **labels: str) -> ActionRecord:
+def _action(action: Action, **labels: str) -> ActionRecord:
     return ActionRecord(
         id=7,
         action=action,
@@ -124,7 +125,7 @@ ANNOTATIONS = {"trainguard.io/action-id": "7", "trainguard.io/alert": "TrainingS
 
 def test_exclude_node_cordons_and_deletes_the_pods_on_it(api: FakeApiServer) -> None:
     executor = _executor(api)
-    action = _action("exclude_node", node="n1")
+    action = _action(Action.EXCLUDE_NODE, node="n1")
     snapshot = executor.prepare(action)
     assert snapshot == {"namespace": "ml", "pods": [["train-0", "uid-0"]], "node": "n1"}
     output = executor.execute(action, snapshot)
@@ -148,7 +149,7 @@ def test_exclude_node_cordons_and_deletes_the_pods_on_it(api: FakeApiServer) -> 
 
 def test_restart_is_idempotent_given_the_snapshot(api: FakeApiServer) -> None:
     executor = _executor(api)
-    action = _action("restart_from_checkpoint")
+    action = _action(Action.RESTART_FROM_CHECKPOINT)
     snapshot = executor.prepare(action)
     assert executor.execute(action, snapshot)["deleted"] == ["train-0", "train-1"]
     # The controller recreated train-1 with a new UID before the retry: it must survive.
@@ -160,11 +161,11 @@ def test_restart_is_idempotent_given_the_snapshot(api: FakeApiServer) -> None:
 
 def test_annotate_and_drain(api: FakeApiServer) -> None:
     executor = _executor(api)
-    action = _action("annotate")
+    action = _action(Action.ANNOTATE)
     assert executor.execute(action, executor.prepare(action)) == {
         "annotated": ["train-0", "train-1"]
     }
-    drain = _action("drain_node", node="n2")
+    drain = _action(Action.DRAIN_NODE, node="n2")
     assert executor.prepare(drain) == {"node": "n2"}
     assert executor.execute(drain, {"node": "n2"}) == {"cordoned": "n2"}
     methods = [(e["method"], e["path"]) for e in api.exchange]
@@ -180,7 +181,7 @@ def test_api_errors_become_execution_errors(api: FakeApiServer) -> None:
     executor = _executor(api)
     api.forbid_patch = True
     with pytest.raises(ExecutionError, match="cordon node: HTTP 403"):
-        executor.execute(_action("drain_node", node="n1"), {"node": "n1"})
+        executor.execute(_action(Action.DRAIN_NODE, node="n1"), {"node": "n1"})
     api.pods.clear()
     with pytest.raises(ExecutionError, match=r"no pod labelled trainguard\.io/job-id=j1 in ml"):
-        executor.prepare(_action("restart_from_checkpoint"))
+        executor.prepare(_action(Action.RESTART_FROM_CHECKPOINT))

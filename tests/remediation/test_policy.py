@@ -8,6 +8,7 @@ import pytest
 
 from trainguard import contract
 from trainguard.cli import main as trainguard_main
+from trainguard.contract import Action
 from trainguard.remediation.actions import CATALOG, ActionKind
 from trainguard.remediation.policy import Matcher, PolicyError, load_policy, parse_policy
 
@@ -23,22 +24,25 @@ def test_default_policy_covers_every_alert_of_the_contract() -> None:
 def test_default_policy_follows_the_design() -> None:
     policy = load_policy(None)
 
-    def plan(name: str) -> list[str]:
+    def plan(name: str) -> list[Action]:
         rule = policy.plan(name, {})
         assert rule is not None
         return [step.action for step in rule.actions]
 
-    assert plan("TrainingCollectiveStalled") == ["dump_diagnostics", "restart_from_checkpoint"]
-    assert plan("TrainingStraggler")[-1] == "exclude_node"
-    assert plan("TrainingOOM")[0] == "split_micro_batches"
-    assert plan("TrainingDataLoaderBound") == ["recommend"]
+    assert plan("TrainingCollectiveStalled") == [
+        Action.DUMP_DIAGNOSTICS,
+        Action.RESTART_FROM_CHECKPOINT,
+    ]
+    assert plan("TrainingStraggler")[-1] is Action.EXCLUDE_NODE
+    assert plan("TrainingOOM")[0] is Action.SPLIT_MICRO_BATCHES
+    assert plan("TrainingDataLoaderBound") == [Action.RECOMMEND]
     straggler = policy.plan("TrainingStraggler", {})
     assert straggler is not None and straggler.actions[-1].after_seconds > 0
 
 
 def test_catalogue_marks_scheduler_changes_destructive() -> None:
     destructive = {name for name, spec in CATALOG.items() if spec.destructive}
-    assert destructive == {"restart_from_checkpoint", "exclude_node", "drain_node"}
+    assert destructive == {Action.RESTART_FROM_CHECKPOINT, Action.EXCLUDE_NODE, Action.DRAIN_NODE}
     assert all(
         not spec.destructive for spec in CATALOG.values() if spec.kind is ActionKind.DIRECTIVE
     )
@@ -74,8 +78,8 @@ rules:
     )
     big = policy.plan("TrainingOOM", {"job_id": "big-1"})
     small = policy.plan("TrainingOOM", {"job_id": "small"})
-    assert big is not None and big.actions[0].action == "recommend"
-    assert small is not None and small.actions[0].action == "split_micro_batches"
+    assert big is not None and big.actions[0].action is Action.RECOMMEND
+    assert small is not None and small.actions[0].action is Action.SPLIT_MICRO_BATCHES
     assert policy.plan("TrainingStraggler", {}) is None
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.remediation.conftest import AUTH, alert, payload, serve, wait_for
+from trainguard.contract import Action
 from trainguard.remediation.executors import ActionRecord, ExecutionError
 from trainguard.remediation.executors.slurm import SlurmExecutor
 from trainguard.remediation.settings import Settings
@@ -50,7 +51,7 @@ def _calls(state: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def _action(action: str, **labels: str) -> ActionRecord:
+def _action(action: Action, **labels: str) -> ActionRecord:
     return ActionRecord(
         id=9,
         action=action,
@@ -64,7 +65,7 @@ def _action(action: str, **labels: str) -> ActionRecord:
 
 def test_exclude_node_drains_and_requeues_once(fake_slurm: Path) -> None:
     executor = SlurmExecutor()
-    action = _action("exclude_node")
+    action = _action(Action.EXCLUDE_NODE)
     snapshot = executor.prepare(action)
     assert snapshot == {"job": "4242", "node": "n2", "restarts": 0}
     assert executor.execute(action, snapshot) == {"drained": "n2", "requeued": True, "job": "4242"}
@@ -82,11 +83,11 @@ def test_exclude_node_drains_and_requeues_once(fake_slurm: Path) -> None:
 
 def test_restart_annotate_and_drain(fake_slurm: Path) -> None:
     executor = SlurmExecutor()
-    restart = _action("restart_from_checkpoint")
+    restart = _action(Action.RESTART_FROM_CHECKPOINT)
     assert executor.execute(restart, executor.prepare(restart))["requeued"] is True
-    annotate = _action("annotate")
+    annotate = _action(Action.ANNOTATE)
     assert executor.execute(annotate, executor.prepare(annotate)) == {"commented": "4242"}
-    drain = _action("drain_node")
+    drain = _action(Action.DRAIN_NODE)
     assert executor.execute(drain, executor.prepare(drain)) == {"drained": "n2"}
     assert _calls(fake_slurm)[-2:] == [
         "update JobId=4242 Comment=trainguard action 9: TrainingStraggler",
@@ -96,9 +97,9 @@ def test_restart_annotate_and_drain(fake_slurm: Path) -> None:
 
 def test_scontrol_failures_are_reported(fake_slurm: Path) -> None:
     with pytest.raises(ExecutionError, match="exited 1: slurm_load_jobs error"):
-        SlurmExecutor().prepare(_action("restart_from_checkpoint", slurm_job_id="1"))
+        SlurmExecutor().prepare(_action(Action.RESTART_FROM_CHECKPOINT, slurm_job_id="1"))
     with pytest.raises(ExecutionError, match="No such file"):
-        SlurmExecutor(scontrol=str(fake_slurm / "missing")).prepare(_action("exclude_node"))
+        SlurmExecutor(scontrol=str(fake_slurm / "missing")).prepare(_action(Action.EXCLUDE_NODE))
 
 
 def test_the_service_requeues_the_slurm_job_its_alert_names(

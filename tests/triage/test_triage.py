@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import json
@@ -10,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from trainguard import cli
-from trainguard.triage import rules
+from trainguard import cli, contract, thresholds
+from trainguard.contract import Failure
+from trainguard.triage import rules, xid
 from trainguard.triage.cli import EXIT_FOUND, EXIT_NOTHING_FOUND, EXIT_UNREADABLE
 from trainguard.triage.scanner import Progress, Scanner, rank_hint
 
@@ -26,14 +28,14 @@ def triage_json(
     return code, [json.loads(line) for line in out.splitlines()]
 
 
-def only(findings: list[dict[str, Any]], category: str) -> list[dict[str, Any]]:
-    return [f for f in findings if f["category"] == category]
+def only(findings: list[dict[str, Any]], failure: Failure) -> list[dict[str, Any]]:
+    return [f for f in findings if f["failure"] == failure.value]
 
 
 def test_new_format_oom_with_large_cached_share_is_fragmentation(capsys) -> None:
     code, findings = triage_json(capsys, FIXTURES / "oom_new.log")
     assert code == EXIT_FOUND
-    (oom,) = only(findings, "cuda_oom")
+    (oom,) = only(findings, Failure.OOM)
     fields = oom["fields"]
     assert oom["line"] == 9
     assert fields["rank"] == 1 and fields["gpu"] == 1
@@ -45,7 +47,7 @@ def test_new_format_oom_with_large_cached_share_is_fragmentation(capsys) -> None
 
 def test_oom_that_does_not_fit_gets_batch_advice_not_fragmentation(capsys) -> None:
     _, findings = triage_json(capsys, FIXTURES / "oom_fit.log")
-    (oom,) = only(findings, "cuda_oom")
+    (oom,) = only(findings, Failure.OOM)
     fields = oom["fields"]
     # PyTorch 2.1 spells "capacty"; the figures must still be read.
     assert fields["total_bytes"] == round(23.65 * (1 << 30))
@@ -57,7 +59,7 @@ def test_oom_that_does_not_fit_gets_batch_advice_not_fragmentation(capsys) -> No
 
 def test_old_format_oom(capsys) -> None:
     _, findings = triage_json(capsys, FIXTURES / "oom_old.log")
-    (oom,) = only(findings, "cuda_oom")
+    (oom,) = only(findings, Failure.OOM)
     fields = oom["fields"]
     assert fields["format"] == "pytorch<2.1"
     assert fields["tried_bytes"] == 20 << 20
@@ -71,7 +73,7 @@ def test_old_format_oom(capsys) -> None:
 
 def test_watchdog_timeouts_across_rank_files(capsys) -> None:
     _, findings = triage_json(capsys, FIXTURES / "nccl_timeout")
-    (timeout,) = only(findings, "nccl_timeout")
+    (timeout,) = only(findings, Failure.NCCL_TIMEOUT)
     fields = timeout["fields"]
     assert (fields["op_type"], fields["seq_num"]) == ("ALLREDUCE", 4821)
     assert (fields["numel_in"], fields["numel_out"]) == (26214400, 26214400)
@@ -88,7 +90,7 @@ def test_watchdog_timeouts_across_rank_files(capsys) -> None:
 
 def test_old_watchdog_format_without_element_counts(capsys) -> None:
     _, findings = triage_json(capsys, FIXTURES / "nccl_timeout_old.log")
-    (timeout,) = only(findings, "nccl_timeout")
+    (timeout,) = only(findings, Failure.NCCL_TIMEOUT)
     fields = timeout["fields"]
     assert fields["op_type"] == "BROADCAST" and fields["seq_num"] == 12
     assert "numel_in" not in fields
@@ -99,45 +101,41 @@ def test_old_watchdog_format_without_element_counts(capsys) -> None:
 
 def test_nccl_errors_by_kind(capsys) -> None:
     _, findings = triage_json(capsys, FIXTURES / "nccl_errors.log")
-    by_kind = {f["fields"]["kind"]: f for f in only(findings, "nccl_error")}
-    assert set(by_kind) == {
-        "ib_completion",
-        "remote_error",
-        "socket",
-        "system_error",
-        "unhandled_cuda_error",
-    }
-    ib = by_kind["ib_completion"]
+    by_kind = {f["fields"]["kind"]: f for f in only(findings, Failure.NCCL_ERROR)}
+    assert set(by_kind) == {"ib", "remote", "socket", "system", "cuda"}
+    ib = by_kind["ib"]
     assert ib["count"] == 2 and ib["fields"]["ib_status"] == 12
     assert "retry counter exceeded" in ib["fields"]["ib_status_text"]
     assert ib["fields"]["hosts"] == ["gpu-a17"]
-    assert by_kind["unhandled_cuda_error"]["count"] == 2
-    assert by_kind["remote_error"]["fields"]["ranks"] == [3]
-    assert by_kind["system_error"]["fields"]["ranks"] == [8]
+    assert by_kind["cuda"]["count"] == 2
+    assert by_kind["remote"]["fields"]["ranks"] == [3]
+    assert by_kind["system"]["fields"]["ranks"] == [8]
     assert by_kind["socket"]["fields"]["hosts"] == ["gpu-b02"]
-    assert by_kind["remote_error"]["fields"]["nccl_versions"] == ["2.20.5", "2.21.5"]
+    assert by_kind["remote"]["fields"]["nccl_versions"] == ["2.20.5", "2.21.5"]
 
 
 def test_nccl_internal_error_and_invalid_usage(capsys) -> None:
     # torch's DistBackendError lines carry ncclGetErrorString's wording for both kinds
     _, findings = triage_json(capsys, FIXTURES / "nccl_init_errors.log")
-    by_kind = {f["fields"]["kind"]: f for f in only(findings, "nccl_error")}
+    by_kind = {f["fields"]["kind"]: f for f in only(findings, Failure.NCCL_ERROR)}
+    # NCCL's "Duplicate GPU detected" WARN (line 4) is the ncclInvalidUsage torch reports
     invalid = by_kind["invalid_usage"]
-    assert (invalid["line"], invalid["count"]) == (12, 1)
+    assert (invalid["line"], invalid["count"]) == (4, 2)
     assert invalid["fields"]["ranks"] == [1]
-    assert "invalid usage (run with NCCL_DEBUG=WARN" in invalid["fields"]["message"]
+    assert "Duplicate GPU detected" in invalid["fields"]["message"]
     assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in invalid["advice"]
-    internal = by_kind["internal_error"]
+    internal = by_kind["internal"]
     assert (internal["line"], internal["count"]) == (19, 1)
     assert internal["fields"]["ranks"] == [10]
     assert "please report this issue" in internal["fields"]["message"]
     assert "same NCCL and PyTorch versions" in internal["advice"]
     assert internal["fields"]["nccl_versions"] == ["2.21.5"]
+    assert by_kind["other"]["line"] == 16  # "Attribute busid of node nic not found"
 
 
 def test_xid_meanings_and_drain_advice(capsys) -> None:
     _, findings = triage_json(capsys, FIXTURES / "kern.log")
-    xids = {(f["fields"]["pci"], f["fields"]["xid"]): f for f in only(findings, "xid")}
+    xids = {(f["fields"]["pci"], f["fields"]["xid"]): f for f in only(findings, Failure.GPU_FAULT)}
     fell_off = xids[("0000:b3:00", 79)]
     assert fell_off["count"] == 2 and fell_off["fields"]["drain"] == "now"
     assert fell_off["fields"]["host"] == "gpu-node-07"
@@ -146,12 +144,30 @@ def test_xid_meanings_and_drain_advice(capsys) -> None:
     assert xids[("0000:5e:00", 13)]["fields"]["drain"] == "no"
     assert xids[("0000:5e:00", 13)]["fields"]["pids"] == [30112]
     assert xids[("0000:18:00", 154)]["fields"]["recovery_action"] == "Node Reboot Required"
+    assert xids[("0000:18:00", 154)]["fields"]["drain"] == "now"
     assert xids[("0000:19:00", 999)]["fields"]["drain"] == "unknown"
+
+
+def test_xid_drain_follows_the_thresholds_xid_critical() -> None:
+    critical = set(xid.critical_xids())
+    for code in xid.CATALOGUE:
+        drain = xid.lookup(code).drain
+        assert (drain in ("now", "after_job")) == (code in critical), code
+    # every code that pages is one trainguard can explain
+    assert critical <= set(xid.CATALOGUE)
+    # the list decides, not the table: a custom list drains on what it names
+    assert xid.lookup(13, critical={13}).drain == "now"
+    assert xid.lookup(48, critical=set()).drain == "no"
+    assert xid.lookup(63, critical={63}).drain == "after_job"
+    # Xid 154 is not in the list on purpose: its message says whether anything is needed
+    assert 154 not in critical
+    assert xid.recovery_drain("None") == "no"
+    assert xid.recovery_drain("GPU Reset Required") == "now"
 
 
 def test_torchrun_root_cause_signal_and_restarts(capsys) -> None:
     _, findings = triage_json(capsys, FIXTURES / "torchrun_agent.log")
-    (failure,) = only(findings, "elastic_failure")
+    (failure,) = only(findings, Failure.RANK_FAILURE)
     fields = failure["fields"]
     root = fields["root_cause"]
     assert (root["rank"], root["local_rank"], root["host"]) == (1, 1, "gpu-node-07")
@@ -164,7 +180,7 @@ def test_torchrun_root_cause_signal_and_restarts(capsys) -> None:
 
 def test_torchrun_root_cause_traceback(capsys) -> None:
     _, findings = triage_json(capsys, FIXTURES / "torchrun_traceback.log")
-    (failure,) = only(findings, "elastic_failure")
+    (failure,) = only(findings, Failure.RANK_FAILURE)
     root = failure["fields"]["root_cause"]
     assert root["rank"] == 12 and root["exitcode"] == 1 and root["signal"] is None
     assert root["error"].startswith("ValueError: Expected input batch_size")
@@ -174,20 +190,38 @@ def test_torchrun_root_cause_traceback(capsys) -> None:
 
 def test_agent_failure_without_summary(capsys) -> None:
     _, findings = triage_json(capsys, FIXTURES / "agent_only.log")
-    (failure,) = only(findings, "elastic_failure")
+    (failure,) = only(findings, Failure.RANK_FAILURE)
     assert failure["fields"]["root_cause"]["signal"] == "SIGKILL"
     assert "OOM killer" in failure["advice"]
 
 
 def test_straggler_from_per_rank_timings_in_mixed_units(capsys) -> None:
     _, findings = triage_json(capsys, FIXTURES / "straggler.log")
-    (slow,) = only(findings, "straggler")
+    (slow,) = only(findings, Failure.STRAGGLER)
     fields = slow["fields"]
     assert fields["rank"] == 2 and fields["metric"] == "compute_time"
     assert fields["samples"] == 40 and fields["ranks_compared"] == 4
     # ranks 1 and 3 print milliseconds; their medians must be in seconds like the others'
     assert 0.49 < fields["peer_median_seconds"] < 0.53
     assert 1.25 < fields["slowdown"] < 1.45
+
+
+def test_straggler_judged_by_the_thresholds_file() -> None:
+    defaults = thresholds.load_default()
+    (detector,) = [d for d in rules.default_detectors() if isinstance(d, rules.StragglerDetector)]
+    assert (detector.factor, detector.min_ranks) == (
+        defaults.straggler_factor,
+        defaults.straggler_min_ranks,
+    )
+    # rank 2 is about 1.35x its peers: a stricter factor in the file finds nothing
+    strict = dataclasses.replace(defaults, straggler_factor=1.5)
+    scanner = Scanner(rules.default_detectors(strict))
+    scanner.scan_paths([str(FIXTURES / "straggler.log")])
+    assert scanner.findings() == []
+    fewer = dataclasses.replace(defaults, straggler_min_ranks=5)  # the log has 4 ranks
+    scanner = Scanner(rules.default_detectors(fewer))
+    scanner.scan_paths([str(FIXTURES / "straggler.log")])
+    assert scanner.findings() == []
 
 
 def test_straggler_threshold_flag(capsys) -> None:
@@ -236,9 +270,9 @@ def test_binary_lines_are_skipped_and_counted(capsys) -> None:
     findings = scanner.findings()
     assert scanner.stats.binary_lines == 2
     assert scanner.stats.lines == 5
-    categories = sorted(f.category.value for f in findings)
+    failures = sorted(f.failure for f in findings)
     # the Xid after the binary lines and the unterminated last line are both read
-    assert categories == ["nccl_error", "xid"]
+    assert failures == sorted([Failure.NCCL_ERROR, Failure.GPU_FAULT])
     assert {f.location.line for f in findings} == {4, 5}
 
 
@@ -264,7 +298,7 @@ def test_overlong_lines_are_skipped_without_buffering(tmp_path: Path) -> None:
     scanner.scan_paths([str(log)])
     findings = scanner.findings()
     assert scanner.stats.overlong_lines == 2
-    assert [(f.category.value, f.location.line) for f in findings] == [("xid", 2)]
+    assert [(f.failure, f.location.line) for f in findings] == [(Failure.GPU_FAULT, 2)]
 
 
 @pytest.mark.parametrize("chunk", [8 << 20, 1 << 20, 64 << 10])
@@ -290,7 +324,7 @@ def test_overlong_lines_count_the_same_whatever_the_chunk_size(tmp_path: Path, c
     findings = scanner.findings()
     assert (scanner.stats.overlong_lines, scanner.stats.binary_lines) == (4, 0)
     assert scanner.stats.lines == 7
-    assert [(f.category.value, f.location.line) for f in findings] == [("xid", 7)]
+    assert [(f.failure, f.location.line) for f in findings] == [(Failure.GPU_FAULT, 7)]
 
 
 def test_stdin_and_gzip_inputs(tmp_path: Path) -> None:
@@ -342,6 +376,15 @@ def test_human_output_names_file_line_and_advice(capsys) -> None:
     code = cli.main(["triage", "--no-progress", str(FIXTURES / "kern.log")])
     out = capsys.readouterr().out
     assert code == EXIT_FOUND
-    assert "[xid] Xid 79 (GPU has fallen off the bus)" in out
+    assert f"[{Failure.GPU_FAULT.value}] Xid 79 (GPU has fallen off the bus)" in out
     assert f"at {FIXTURES / 'kern.log'}:2 (seen 2 times)" in out
     assert "advice: Drain the node" in out
+
+
+def test_json_names_the_failure_and_each_detector_declares_its_own(capsys) -> None:
+    _, findings = triage_json(capsys, FIXTURES)
+    assert {f["failure"] for f in findings} == {d.failure.value for d in rules.DETECTORS}
+    assert all("category" not in f for f in findings)
+    for detector in rules.default_detectors():
+        spec = contract.FAILURES[detector.failure]
+        assert spec.triage_detector == f"{rules.__name__}:{type(detector).__name__}"

@@ -13,16 +13,16 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
+
+from trainguard.contract import Failure
 
 DEFAULT_PLAN = "straggler:rank=2,at=20s,factor=1.5;hang:rank=1,at=60s;oom:rank=0,at=90s"
 
 
-class FaultKind(str, Enum):
-    STRAGGLER = "straggler"
-    HANG = "hang"
-    OOM = "oom"
+# A fault is named by the failure it causes; the demo trainer injects these three.
+FaultKind = Failure
+INJECTABLE: tuple[Failure, ...] = (Failure.STRAGGLER, Failure.HANG, Failure.OOM)
 
 
 @dataclass(frozen=True)
@@ -53,13 +53,10 @@ def parse_plan(text: str) -> list[Fault]:
     faults = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
         kind_text, _, options = part.partition(":")
-        try:
-            kind = FaultKind(kind_text.strip())
-        except ValueError:
-            known = ", ".join(k.value for k in FaultKind)
-            raise FaultPlanError(
-                f"unknown fault {kind_text!r} in {part!r} (known: {known})"
-            ) from None
+        kind = next((k for k in INJECTABLE if k.value == kind_text.strip()), None)
+        if kind is None:
+            known = ", ".join(k.value for k in INJECTABLE)
+            raise FaultPlanError(f"unknown fault {kind_text!r} in {part!r} (known: {known})")
         values: dict[str, str] = {}
         for option in filter(None, (o.strip() for o in options.split(","))):
             key, sep, value = option.partition("=")

@@ -24,10 +24,13 @@ from trainguard.demo.faults import FaultKind, FaultLedger
 from trainguard.demo.stack import SIMULATED_GPUS, Stack, ensure_binaries
 
 # What each fault should set off: the alert, then the action that repairs it.
-EXPECTED: dict[FaultKind, tuple[contract.Alert, str]] = {
-    FaultKind.STRAGGLER: (contract.Alert.TRAINING_STRAGGLER, "exclude_node"),
-    FaultKind.HANG: (contract.Alert.TRAINING_COLLECTIVE_STALLED, "restart_from_checkpoint"),
-    FaultKind.OOM: (contract.Alert.TRAINING_OOM, "split_micro_batches"),
+EXPECTED: dict[FaultKind, tuple[contract.Alert, contract.Action]] = {
+    FaultKind.STRAGGLER: (contract.Alert.TRAINING_STRAGGLER, contract.Action.EXCLUDE_NODE),
+    FaultKind.HANG: (
+        contract.Alert.TRAINING_COLLECTIVE_STALLED,
+        contract.Action.RESTART_FROM_CHECKPOINT,
+    ),
+    FaultKind.OOM: (contract.Alert.TRAINING_OOM, contract.Action.SPLIT_MICRO_BATCHES),
 }
 TARGETS = {"hang_detection_s": 30.0, "straggler_detection_s": 60.0, "mttr_s": 120.0}
 
@@ -109,7 +112,7 @@ def outcomes(
     ledger = FaultLedger(cfg.checkpoint_dir)
     steps = [e for e in events if e.get("event") == "step"]
     result = {}
-    for kind, (alert, action_name) in EXPECTED.items():
+    for kind, (alert, repair) in EXPECTED.items():
         fired = ledger.fired(kind)
         if fired is None:
             continue
@@ -119,7 +122,7 @@ def outcomes(
                 a
                 for a in actions
                 if a["alert"]["name"] == alert.value
-                and a["action"] == action_name
+                and a["action"] == repair.value
                 and _timestamp(a["alert"]["received_at"]) >= fired.at
             ),
             key=lambda a: a["created_at"],

@@ -61,14 +61,18 @@ def _dump(path: Path, data: Any) -> Path:
 def demo_policy(cfg: DemoConfig) -> dict[str, Any]:
     """Remediation for the demo's job only: other jobs' alerts match no rule."""
     only_demo = [f'{contract.LABEL_JOB_ID}="{DEMO_JOB_ID}"']
-    restart = [{"action": "dump_diagnostics"}, {"action": "restart_from_checkpoint"}]
+    # Written with yaml.safe_dump, which takes plain strings: the actions' values.
+    restart = [
+        {"action": contract.Action.DUMP_DIAGNOSTICS.value},
+        {"action": contract.Action.RESTART_FROM_CHECKPOINT.value},
+    ]
     rules: list[dict[str, Any]] = [
         {
             "alert": contract.Alert.TRAINING_STRAGGLER.value,
             "matchers": only_demo,
             "actions": [
                 {
-                    "action": "exclude_node",
+                    "action": contract.Action.EXCLUDE_NODE.value,
                     "after_seconds": cfg.straggler_exclude_after_seconds,
                     "cooldown_seconds": 600,
                 }
@@ -87,7 +91,9 @@ def demo_policy(cfg: DemoConfig) -> dict[str, Any]:
         {
             "alert": contract.Alert.TRAINING_OOM.value,
             "matchers": only_demo,
-            "actions": [{"action": "split_micro_batches", "params": {"factor": 2}}],
+            "actions": [
+                {"action": contract.Action.SPLIT_MICRO_BATCHES.value, "params": {"factor": 2}}
+            ],
         },
     ]
     return {"version": 1, "rules": rules}

@@ -137,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint_requested = threading.Event()
 
     def on_directive(directive: Directive) -> None:
-        if directive.kind != "checkpoint_now":
-            raise RuntimeError(f"the demo trainer does not do {directive.kind!r}")
+        if directive.kind is not contract.Action.CHECKPOINT_NOW:
+            raise RuntimeError(f"the demo trainer does not do {directive.kind.value!r}")
         checkpoint_requested.set()
 
     span_exporter = None

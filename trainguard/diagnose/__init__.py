@@ -13,7 +13,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainguard.diagnose.model import Candidate, Chart, Failure, Report, Scope, ScopeLevel, Symptom
+from trainguard.contract import Failure
+from trainguard.diagnose.model import Candidate, Chart, Report, Scope, ScopeLevel, Symptom
 from trainguard.diagnose.prometheus import PrometheusClient, PrometheusError
 from trainguard.diagnose.signals import NoDataError
 
@@ -53,7 +54,7 @@ def diagnose(
     Raises PrometheusError when Prometheus cannot be queried and NoDataError when it holds
     nothing about the job in the window.
     """
-    from trainguard.diagnose.analysis import Diagnosis
+    from trainguard.diagnose.analysis import run
     from trainguard.diagnose.evidence import read_dumps, read_logs
     from trainguard.diagnose.signals import collect
 
@@ -87,11 +88,10 @@ def diagnose(
             report.inputs.append(
                 f"Flight Recorder: {len(stall_dumps)} stall folder(s) under {dumps}"
             )
-    diagnosis = Diagnosis(sig, log_evidence, stall_dumps, report)
-    diagnosis.run()
+    ctx = run(sig, log_evidence, stall_dumps, report)
     if charts_dir is not None:
         from trainguard.diagnose.charts import draw_all
 
-        report.charts, notes = draw_all(diagnosis, charts_dir)
+        report.charts, notes = draw_all(ctx, charts_dir)
         report.notes += notes
     return report

@@ -13,10 +13,11 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainguard.diagnose.analysis import Diagnosis, median_breakdown, phase_breakdown
+from trainguard.diagnose.context import Context
 from trainguard.diagnose.model import Chart
 from trainguard.diagnose.prometheus import Series
 from trainguard.diagnose.signals import increments
+from trainguard.diagnose.straggler import median_breakdown, phase_breakdown
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -58,7 +59,7 @@ def _save(fig: Figure, out_dir: Path, name: str) -> str:
     return str(path)
 
 
-def heatmap(d: Diagnosis, out_dir: Path) -> Chart | None:
+def heatmap(d: Context, out_dir: Path) -> Chart | None:
     """Per-rank step compute time over the window (step time when compute is not exported)."""
     source, label = d.sig.compute, "step compute time (s)"
     if not source:
@@ -94,7 +95,7 @@ def heatmap(d: Diagnosis, out_dir: Path) -> Chart | None:
     return Chart(HEATMAP, f"Per-rank {label}", _save(fig, out_dir, HEATMAP), data)
 
 
-def phases(d: Diagnosis, out_dir: Path) -> Chart | None:
+def phases(d: Context, out_dir: Path) -> Chart | None:
     """Phase breakdown of the worst rank against the median of the others, over the time it
     straggled (the whole window when no rank did)."""
     sig = d.sig
@@ -132,7 +133,7 @@ def phases(d: Diagnosis, out_dir: Path) -> Chart | None:
     return Chart(PHASES, f"Phase breakdown of rank {worst}", _save(fig, out_dir, PHASES), data)
 
 
-def memory(d: Diagnosis, out_dir: Path) -> Chart | None:
+def memory(d: Context, out_dir: Path) -> Chart | None:
     """Allocated / reserved / capacity of the OOM rank (else the fullest), OOMs marked."""
     sig = d.sig
     rank = d.oom_rank
@@ -172,7 +173,7 @@ def memory(d: Diagnosis, out_dir: Path) -> Chart | None:
     return Chart(MEMORY, f"Memory of rank {rank}", _save(fig, out_dir, MEMORY), data)
 
 
-def collective_age(d: Diagnosis, out_dir: Path) -> Chart | None:
+def collective_age(d: Context, out_dir: Path) -> Chart | None:
     """Age of each rank's oldest in-flight collective, with the stall threshold."""
     sig = d.sig
     per_rank = {r: s for r, s in sig.oldest_inflight.items() if any(v > 0 for v in s.values())}
@@ -180,9 +181,7 @@ def collective_age(d: Diagnosis, out_dir: Path) -> Chart | None:
         return None
     threshold = sig.stall_threshold.last() if sig.stall_threshold else None
     if threshold is None:
-        from trainguard.diagnose.signals import thresholds
-
-        threshold = thresholds().collective_stall_floor_seconds
+        threshold = d.thresholds.collective_stall_floor_seconds
     fig = _figure()
     ax = fig.add_subplot()
     for rank in sorted(sig.oldest_inflight):
@@ -204,7 +203,7 @@ def collective_age(d: Diagnosis, out_dir: Path) -> Chart | None:
     )
 
 
-def draw_all(d: Diagnosis, out_dir: Path) -> tuple[list[Chart], list[str]]:
+def draw_all(d: Context, out_dir: Path) -> tuple[list[Chart], list[str]]:
     """Every chart the data allows; and a note per chart that had no data."""
     charts: list[Chart] = []
     notes: list[str] = []

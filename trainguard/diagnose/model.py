@@ -10,18 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class Failure(str, enum.Enum):
-    """Which failure a symptom is (``symptoms[].failure`` in the JSON report)."""
-
-    STRAGGLER = "straggler"
-    JOB_SLOWDOWN = "job_slowdown"
-    DATALOADER_BOUND = "dataloader_bound"
-    OOM = "oom"
-    COLLECTIVE_STALL = "collective_stall"
-    NCCL_TIMEOUT = "nccl_timeout"
-    GPU_HARDWARE = "gpu_hardware"
-    GPU_THROTTLING = "gpu_throttling"
+from trainguard.contract import Failure
 
 
 class ScopeLevel(str, enum.Enum):

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainguard.diagnose.analysis import utc
+from trainguard.diagnose.context import utc
 from trainguard.diagnose.model import Report
 
 CONFIDENCE_WORDS = ((0.85, "high"), (0.6, "medium"), (0.0, "low"))

@@ -26,7 +26,6 @@ RANK_BY = ", ".join(contract.RANK_IDENTITY_LABELS)
 # Selectors of raw series (not recording rules, whose names hold colons) in a rule expression.
 _RAW_SELECTOR = re.compile(r"(?<![\w:])(trainguard_[a-z0-9_]+)(?![\w:{(])")
 _RECORDED_NAME = re.compile(r"\b\w+:\w+:\w+\b")
-THROTTLE_REASONS_HARMFUL = ("thermal", "hw_slowdown", "power_brake")
 
 
 class NoDataError(RuntimeError):
@@ -45,6 +44,13 @@ def _rules() -> dict[str, str]:
 def thresholds() -> Thresholds:
     """The thresholds the diagnosis judges by (the same file the rules come from)."""
     return load_default()
+
+
+def harmful_throttle_reason(reason: str, limits: Thresholds | None = None) -> bool:
+    """Whether a throttle reason holds clocks down harmfully: it matches the thresholds'
+    ``thermal_throttle_reasons`` (the GpuThermalThrottling alert's anchored RE2 regex)."""
+    pattern = (limits or thresholds()).thermal_throttle_reasons
+    return re.fullmatch(pattern, reason) is not None
 
 
 def promql_string(value: str) -> str:
@@ -228,20 +234,23 @@ def collect(
         f"(increase({c.STEP_DURATION.name}_bucket{{{job}}}[{window}])))",
         end,
     )
-    for s in client.query_range(
-        f"max by ({c.LABEL_RANK}, {c.LABEL_GPU}) ({c.GPU_PROCESS_INFO.name}{{{job}}})",
-        start,
-        end,
-        step,
-    ):
+    _collect_gpus(
+        sig, rng(f"max by ({c.LABEL_RANK}, {c.LABEL_GPU}) ({c.GPU_PROCESS_INFO.name}{{{job}}})")
+    )
+    _collect_nodes(sig, rng)
+    return sig
+
+
+def _collect_gpus(sig: Signals, process_info: list[Series]) -> None:
+    """Which GPU each rank ran on: the exporter's process info, else its local rank."""
+    c = contract
+    for s in process_info:
         if s.label(c.LABEL_RANK).isdigit() and s.label(c.LABEL_GPU):
             sig.gpu_of_rank[int(s.label(c.LABEL_RANK))] = s.label(c.LABEL_GPU)
     for r in sig.ranks:
         if r.rank not in sig.gpu_of_rank and r.local_rank:
             # torchrun runs one rank per GPU, local rank N on GPU N, unless told otherwise.
             sig.gpu_of_rank[r.rank] = r.local_rank
-    _collect_nodes(sig, rng)
-    return sig
 
 
 def _collect_nodes(sig: Signals, rng: Callable[[str], list[Series]]) -> None:

@@ -1,7 +1,8 @@
 """``trainguard triage FILE|DIR|-``: say what went wrong in raw training logs, where, what to do.
 
 For jobs that are not instrumented: torchrun output, ranks' stderr, NCCL debug files, kernel
-logs. Standard library only, so it runs on any machine that has the logs.
+logs. Standard library and the core's PyYAML only (the packaged thresholds), so it runs on any
+machine that has the logs.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from trainguard.triage.findings import Category, Finding
-from trainguard.triage.rules import STRAGGLER_THRESHOLD, default_detectors
+from trainguard.thresholds import load_default
+from trainguard.triage.findings import Finding
+from trainguard.triage.rules import DETECTORS, default_detectors
 from trainguard.triage.scanner import Progress, Scanner, ScanStats
 
 EXIT_NOTHING_FOUND = 0
@@ -27,7 +29,7 @@ exit status: {EXIT_FOUND} when a failure was found, {EXIT_NOTHING_FOUND} when no
 {EXIT_UNREADABLE} when nothing was found and some input could not be read, 2 on a usage error.
 Directories are read recursively; *.gz files are decompressed; '-' reads standard input."""
 
-_ORDER = {category: index for index, category in enumerate(Category)}
+_ORDER = {detector.failure: index for index, detector in enumerate(DETECTORS)}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -40,9 +42,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--straggler-threshold",
         type=float,
-        default=STRAGGLER_THRESHOLD,
-        help="a rank is a straggler when its median time exceeds its peers' by this share "
-        "(default %(default)s)",
+        default=None,
+        help="a rank is a straggler when its median time exceeds its peers' by at least this "
+        "share (default: thresholds.yml's straggler_factor less 1, what the TrainingStraggler "
+        "alert uses)",
     )
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress line even on a terminal"
@@ -67,7 +70,7 @@ def _total_bytes(inputs: list[str]) -> int | None:
 
 def _render(finding: Finding, out: TextIO) -> None:
     repeat = f" (seen {finding.count} times)" if finding.count > 1 else ""
-    out.write(f"[{finding.category.value}] {finding.summary}\n")
+    out.write(f"[{finding.failure.value}] {finding.summary}\n")
     out.write(f"  at {finding.location.file}:{finding.location.line}{repeat}\n")
     for key, value in finding.fields.items():
         text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
@@ -92,7 +95,9 @@ def _summary(stats: ScanStats, findings: int) -> str:
 def run(args: argparse.Namespace) -> int:
     show_progress = not args.no_progress and sys.stderr.isatty()
     progress = Progress(sys.stderr, _total_bytes(args.inputs)) if show_progress else None
-    scanner = Scanner(default_detectors(args.straggler_threshold), progress=progress)
+    thresholds = load_default()
+    factor = None if args.straggler_threshold is None else 1.0 + args.straggler_threshold
+    scanner = Scanner(default_detectors(thresholds, straggler_factor=factor), progress=progress)
     try:
         scanner.scan_paths(args.inputs)
     finally:
@@ -100,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             progress.close()
     findings = sorted(
         scanner.findings(),
-        key=lambda f: (_ORDER[f.category], f.location.file, f.location.line),
+        key=lambda f: (_ORDER[f.failure], f.location.file, f.location.line),
     )
     for finding in findings:
         if args.json:

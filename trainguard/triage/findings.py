@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-
-class Category(str, enum.Enum):
-    """The kinds of failure triage recognises (``category`` in ``--json`` output)."""
-
-    CUDA_OOM = "cuda_oom"
-    NCCL_TIMEOUT = "nccl_timeout"
-    NCCL_ERROR = "nccl_error"
-    XID = "xid"
-    ELASTIC_FAILURE = "elastic_failure"
-    STRAGGLER = "straggler"
+from trainguard.contract import Failure
 
 
 class Location(NamedTuple):
@@ -32,11 +22,14 @@ class Location(NamedTuple):
 class Finding:
     """One failure: what it is, the fields extracted from the log, where and what to do.
 
+    ``failure`` is the contract's name for it (``failure`` in ``--json`` output), the same name
+    alerts, diagnose and remediation give it.
+
     ``count`` is how many log lines reported this same failure (repeats are folded into one
     finding so that a log with a million identical warnings yields one line of output).
     """
 
-    category: Category
+    failure: Failure
     summary: str
     location: Location
     advice: str
@@ -45,7 +38,7 @@ class Finding:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "category": self.category.value,
+            "failure": self.failure.value,
             "summary": self.summary,
             "file": self.location.file,
             "line": self.location.line,

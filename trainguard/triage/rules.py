@@ -11,12 +11,15 @@ import re
 import signal
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
+from trainguard import nccl_errors
+from trainguard.contract import Failure, NcclErrorKind
+from trainguard.thresholds import Thresholds, load_default
 from trainguard.triage import xid
-from trainguard.triage.findings import Category, Finding, Location
+from trainguard.triage.findings import Finding, Location
 
 MAX_GROUPS = 10_000
 MAX_LISTED = 64  # ranks/hosts listed per finding; the count says how many there were
@@ -35,6 +38,7 @@ class Source:
 
 
 class Detector(Protocol):
+    failure: ClassVar[Failure]  # what its findings report (the contract's catalogue names it)
     keywords: tuple[str, ...]
     dropped: int
 
@@ -136,6 +140,7 @@ _NON_PYTORCH_SIGNIFICANT = 2 << 30
 class CudaOomDetector:
     """CUDA OOM in the allocator's old and new wording, and bare ``CUDA error: out of memory``."""
 
+    failure: ClassVar[Failure] = Failure.OOM
     keywords: tuple[str, ...] = ("out of memory",)
 
     def __init__(self) -> None:
@@ -210,7 +215,7 @@ class CudaOomDetector:
         if fields["format"] == "cuda_error":
             fields["verdict"] = "outside_allocator"
             return Finding(
-                Category.CUDA_OOM,
+                Failure.OOM,
                 f"CUDA error: out of memory on {where_text}",
                 where,
                 "A CUDA call outside PyTorch's caching allocator (context creation, NCCL "
@@ -260,7 +265,7 @@ class CudaOomDetector:
                 "its own device (torch.cuda.set_device(local_rank))."
             )
         return Finding(
-            Category.CUDA_OOM,
+            Failure.OOM,
             f"CUDA out of memory on {where_text}: tried to allocate {_gib(tried)} with "
             f"{_gib(fields['free_bytes'])} free of {_gib(fields['total_bytes'])}",
             where,
@@ -301,6 +306,7 @@ class NcclTimeoutDetector:
     # The watchdog's log lines, its "last enqueued NCCL work" summaries and the Flight Recorder
     # dump messages are all logged from ProcessGroupNCCL.cpp; WorkNCCL( also catches the
     # exception text re-printed by Python or by std::terminate. Few needles keep the scan fast.
+    failure: ClassVar[Failure] = Failure.NCCL_TIMEOUT
     keywords: tuple[str, ...] = ("ProcessGroupNCCL", "WorkNCCL(")
 
     def __init__(self) -> None:
@@ -396,7 +402,8 @@ class NcclTimeoutDetector:
             else:
                 advice.append(
                     "Find the rank that never joined: it is usually missing from these reports, "
-                    "or failed first (see elastic_failure, xid and cuda_oom findings)."
+                    f"or failed first (see {Failure.RANK_FAILURE.value}, "
+                    f"{Failure.GPU_FAULT.value} and {Failure.OOM.value} findings)."
                 )
             if fields["flight_recorder"] == "written":
                 advice.append(
@@ -421,7 +428,7 @@ class NcclTimeoutDetector:
             )
             out.append(
                 Finding(
-                    Category.NCCL_TIMEOUT,
+                    Failure.NCCL_TIMEOUT,
                     f"NCCL {fields['op_type']} (SeqNum={fields['seq_num']}) timed out on ranks "
                     f"{fields['ranks']}; first to time out: rank {first_rank}",
                     group.first_where or group.first_seen,
@@ -460,62 +467,10 @@ _IB_STATUS_TEXT = {
     13: "RNR retry counter exceeded (peer not posting receives)",
 }
 
-_KINDS: tuple[tuple[str, re.Pattern[str], str], ...] = (
-    (
-        "remote_error",
-        re.compile(r"ncclRemoteError|remote process exited|remote error"),
-        "A peer died or the network dropped: this rank is usually a victim. Find the first "
-        "rank that failed (elastic_failure root cause, Xid, OOM on another rank).",
-    ),
-    (
-        "unhandled_cuda_error",
-        re.compile(r"ncclUnhandledCudaError|unhandled cuda error|Cuda failure", re.IGNORECASE),
-        "A CUDA call inside NCCL failed: look for Xid errors and earlier CUDA errors on the "
-        "same node; the GPU may need a reset.",
-    ),
-    (
-        "system_error",
-        re.compile(r"ncclSystemError|unhandled system error"),
-        "A system call or library call failed inside NCCL (sockets, shared memory, IB verbs). "
-        "Rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET and read the 'Last error' line; "
-        "common causes are a small /dev/shm in containers and a wrong NCCL_SOCKET_IFNAME.",
-    ),
-    (
-        "internal_error",
-        re.compile(r"ncclInternalError|internal error"),
-        "NCCL hit an internal error: make sure every node runs the same NCCL and PyTorch "
-        "versions, then upgrade NCCL if it persists.",
-    ),
-    (
-        "invalid_usage",
-        re.compile(r"ncclInvalidUsage|ncclInvalidArgument|invalid usage|invalid argument"),
-        "A programming error: ranks issued different collectives (order, shapes or dtypes) "
-        "or used the wrong device. Run with TORCH_DISTRIBUTED_DEBUG=DETAIL to find it.",
-    ),
-    (
-        "ib_completion",
-        re.compile(r"NET/IB.*(?:completion|with error)|IBV_WC|ibv_"),
-        "InfiniBand reported a failed work completion. Check the link on both nodes "
-        "(`ibstat`, port error counters), cabling and the switch; retry-exceeded errors mean "
-        "the peer or link went away. Drain the node if it repeats.",
-    ),
-    (
-        "socket",
-        re.compile(
-            r"[Ss]ocket|Connection (?:closed|refused|reset|timed out)|Connect to .* failed|"
-            r"NET/Socket|Broken pipe"
-        ),
-        "TCP between ranks failed: check that the peer process is alive, NCCL_SOCKET_IFNAME "
-        "selects the right interface and no firewall sits between nodes. On an InfiniBand "
-        "cluster a Socket transport means NCCL did not use IB at all.",
-    ),
-)
-_OTHER_ADVICE = "See the NCCL_DEBUG=INFO output around this line for the failing subsystem."
-
 
 @dataclass
 class _ErrorGroup:
-    kind: str
+    kind: NcclErrorKind
     first: Location
     message: str
     count: int = 0
@@ -525,7 +480,12 @@ class _ErrorGroup:
 
 
 class NcclErrorDetector:
-    """NCCL WARN lines and the errors torch raises from them, by kind, per input file."""
+    """NCCL WARN lines and the errors torch raises from them, by kind, per input file.
+
+    The kind is ``trainguard.nccl_errors.classify``'s, the exporter's ``kind`` label too.
+    """
+
+    failure: ClassVar[Failure] = Failure.NCCL_ERROR
 
     # torch's own error lines all say "NCCL error"; the ncclXxxError lines that follow them
     # repeat the same failure, so they need no keyword of their own.
@@ -533,18 +493,16 @@ class NcclErrorDetector:
 
     def __init__(self) -> None:
         self.dropped = 0
-        self._groups: dict[tuple[str, str], _ErrorGroup] = {}
+        self._groups: dict[tuple[str, NcclErrorKind], _ErrorGroup] = {}
         self._versions: set[str] = set()
 
     def feed(self, line: str, where: Location, source: Source) -> bool:
         version = _NCCL_VERSION.search(line)
         if version:
             _add_listed(self._versions, version.group(1))
-        kind = "other"
-        for name, pattern, _ in _KINDS:
-            if pattern.search(line):
-                kind = name
-                break
+        prefix = _NCCL_PREFIX.search(line)
+        # The message after NCCL's host:pid:tid [dev] prefix, as the exporter classifies it.
+        kind = nccl_errors.classify(line[prefix.end() :] if prefix else line)
         group = _bounded_get(
             self._groups,
             (source.name, kind),
@@ -554,13 +512,12 @@ class NcclErrorDetector:
         if group is None:
             return False
         group.count += 1
-        prefix = _NCCL_PREFIX.search(line)
         if prefix:
             _add_listed(group.hosts, prefix["host"])
         rank = rank_of(line, source)
         if rank is not None:
             _add_listed(group.ranks, rank)
-        if kind == "ib_completion" and "ib_status" not in group.extra:
+        if kind is NcclErrorKind.IB and "ib_status" not in group.extra:
             status = _IB_STATUS.search(line)
             if status:
                 code = int(status["status"])
@@ -572,11 +529,10 @@ class NcclErrorDetector:
         return False
 
     def findings(self) -> list[Finding]:
-        advice_of = {name: advice for name, _, advice in _KINDS}
         out = []
         for group in self._groups.values():
             fields: dict[str, Any] = {
-                "kind": group.kind,
+                "kind": group.kind.value,
                 "message": group.message,
                 "hosts": sorted(group.hosts),
                 "ranks": sorted(group.ranks),
@@ -584,13 +540,13 @@ class NcclErrorDetector:
             }
             if self._versions:
                 fields["nccl_versions"] = sorted(self._versions)
-            advice = advice_of.get(group.kind, _OTHER_ADVICE)
+            advice = nccl_errors.ADVICE[group.kind]
             if len(self._versions) > 1:
                 advice += " Ranks report different NCCL versions: align them."
             out.append(
                 Finding(
-                    Category.NCCL_ERROR,
-                    f"NCCL {group.kind.replace('_', ' ')} ({group.count} line(s))",
+                    Failure.NCCL_ERROR,
+                    f"NCCL error of kind {group.kind.value} ({group.count} line(s))",
                     group.first,
                     advice,
                     fields,
@@ -617,10 +573,13 @@ class _XidGroup:
 class XidDetector:
     """``NVRM: Xid (PCI:...): N, ...`` kernel lines (dmesg, journalctl, syslog)."""
 
+    failure: ClassVar[Failure] = Failure.GPU_FAULT
     keywords: tuple[str, ...] = ("NVRM: Xid",)
 
-    def __init__(self) -> None:
+    def __init__(self, critical: Iterable[int] | None = None) -> None:
+        """``critical``: the Xids that drain the node (default: thresholds' ``xid_critical``)."""
         self.dropped = 0
+        self.critical = frozenset(xid.critical_xids() if critical is None else critical)
         self._groups: dict[tuple[str | None, str, int], _XidGroup] = {}
 
     def feed(self, line: str, where: Location, source: Source) -> bool:
@@ -648,9 +607,10 @@ class XidDetector:
             _add_listed(existing.pids, int(pid["pid"]))
         return False
 
-    @staticmethod
-    def _finding(code: int, pci: str, host: str | None, rest: str, where: Location) -> Finding:
-        info = xid.lookup(code)
+    def _finding(
+        self, code: int, pci: str, host: str | None, rest: str, where: Location
+    ) -> Finding:
+        info = xid.lookup(code, self.critical)
         fields: dict[str, Any] = {
             "xid": code,
             "pci": pci,
@@ -663,15 +623,14 @@ class XidDetector:
         name = _XID_NAME.search(rest)
         if name:
             fields["process_name"] = name["name"]
-        if code == 154:
+        if code == xid.RECOVERY_ACTION_XID and code not in self.critical:
             action = _XID_154_ACTION.search(rest)
             if action:
                 fields["recovery_action"] = action["action"]
-                if "none" in action["action"].lower():
-                    fields["drain"] = "no"
+            fields["drain"] = xid.recovery_drain(action["action"] if action else "")
         on = f" on {host}" if host else ""
         return Finding(
-            Category.XID,
+            Failure.GPU_FAULT,
             f"Xid {code} ({info.meaning}) on GPU PCI:{pci}{on}; drain: {fields['drain']}",
             where,
             info.advice,
@@ -721,13 +680,14 @@ def _elastic_advice(root: dict[str, Any]) -> str:
     if sig == "SIGABRT":
         return (
             "The root-cause rank aborted: most often ProcessGroupNCCL's watchdog tearing the "
-            "process down after a collective timeout or NCCL error; see the nccl_timeout and "
-            "nccl_error findings for that rank."
+            "process down after a collective timeout or NCCL error; see the "
+            f"{Failure.NCCL_TIMEOUT.value} and {Failure.NCCL_ERROR.value} findings for that rank."
         )
     if sig == "SIGSEGV" or sig == "SIGBUS":
         return (
             "The root-cause rank crashed in native code (driver, NCCL or an extension): check "
-            "Xid findings for that node and run once with CUDA_LAUNCH_BLOCKING=1."
+            f"{Failure.GPU_FAULT.value} (Xid) findings for that node and run once with "
+            "CUDA_LAUNCH_BLOCKING=1."
         )
     if sig in ("SIGTERM", "SIGINT", "SIGHUP"):
         return (
@@ -735,7 +695,7 @@ def _elastic_advice(root: dict[str, Any]) -> str:
             "agent tearing down after another failure): check the scheduler's records."
         )
     if "out of memory" in error:
-        return "The root cause is a CUDA OOM on that rank: see the cuda_oom finding."
+        return f"The root cause is a CUDA OOM on that rank: see the {Failure.OOM.value} finding."
     return (
         "Fix the root-cause rank's exception first (the traceback above or its error_file): "
         "the other ranks' failures are usually its consequences."
@@ -759,6 +719,7 @@ class ElasticFailureDetector:
 
     # torchrun's agent logs under torch.distributed.elastic (torch/distributed/elastic/ in the
     # glog format), and the ChildFailedError's qualified name contains it too.
+    failure: ClassVar[Failure] = Failure.RANK_FAILURE
     keywords: tuple[str, ...] = ("elastic",)
 
     def __init__(self) -> None:
@@ -888,7 +849,7 @@ class ElasticFailureDetector:
             return
         self._findings.append(
             Finding(
-                Category.ELASTIC_FAILURE,
+                Failure.RANK_FAILURE,
                 f"torchrun: {block.script or 'the job'} failed; root cause rank "
                 f"{root.get('rank', '?')} on {root.get('host', '?')} ({how})",
                 block.start,
@@ -912,7 +873,7 @@ class ElasticFailureDetector:
             fields = {"root_cause": failure, "restarts": self._restarts.get(name, 0)}
             out.append(
                 Finding(
-                    Category.ELASTIC_FAILURE,
+                    Failure.RANK_FAILURE,
                     f"torchrun: local rank {failure['local_rank']} failed ({how}); no "
                     "ChildFailedError summary in this file",
                     where,
@@ -930,22 +891,30 @@ _TIMING = re.compile(
 )
 _SAMPLES_PER_RANK = 1000
 MIN_SAMPLES = 5
-STRAGGLER_THRESHOLD = 0.15
 
 
 class StragglerDetector:
     """Per-rank step/compute timings; a rank whose median is well above its peers' is slow.
 
     Each timing name (step_time, compute_time, ...) is compared separately so that a log that
-    prints several never mixes them.
+    prints several never mixes them. A rank is a straggler when its median is at least
+    ``factor`` times the median of its peers' medians, with at least ``min_ranks`` ranks
+    compared: thresholds.yml's ``straggler_factor`` and ``straggler_min_ranks`` by default, the
+    values the TrainingStraggler alert and ``diagnose`` judge by.
     """
 
+    failure: ClassVar[Failure] = Failure.STRAGGLER
     # "_time" covers step_time, iter_time, compute_time and batch_time in one pass.
     keywords: tuple[str, ...] = ("_time", "time per iteration")
 
-    def __init__(self, threshold: float = STRAGGLER_THRESHOLD) -> None:
+    def __init__(self, factor: float | None = None, min_ranks: int | None = None) -> None:
+        if factor is None or min_ranks is None:
+            defaults = load_default()
+            factor = defaults.straggler_factor if factor is None else factor
+            min_ranks = defaults.straggler_min_ranks if min_ranks is None else min_ranks
         self.dropped = 0
-        self.threshold = threshold
+        self.factor = factor
+        self.min_ranks = max(min_ranks, 2)  # a rank needs at least one peer to compare with
         self._samples: dict[tuple[str, int], deque[float]] = {}
         self._first: dict[tuple[str, int], Location] = {}
 
@@ -974,11 +943,11 @@ class StragglerDetector:
                 by_metric.setdefault(metric, {})[rank] = statistics.median(samples)
         out = []
         for metric, medians in sorted(by_metric.items()):
-            if len(medians) < 2:
+            if len(medians) < self.min_ranks:
                 continue
             for rank, median in sorted(medians.items()):
                 peers = statistics.median(m for r, m in medians.items() if r != rank)
-                if peers <= 0 or median <= peers * (1 + self.threshold):
+                if peers <= 0 or median < peers * self.factor:
                     continue
                 out.append(self._finding(metric, rank, median, peers, len(medians)))
         return out
@@ -998,7 +967,7 @@ class StragglerDetector:
             "ranks_compared": compared,
         }
         return Finding(
-            Category.STRAGGLER,
+            Failure.STRAGGLER,
             f"rank {rank} is {ratio:.2f}x slower than its peers ({metric} median "
             f"{median:.3f}s vs {peers:.3f}s)",
             self._first[(metric, rank)],
@@ -1012,12 +981,31 @@ class StragglerDetector:
         )
 
 
-def default_detectors(straggler_threshold: float = STRAGGLER_THRESHOLD) -> list[Detector]:
+def default_detectors(
+    thresholds: Thresholds | None = None, *, straggler_factor: float | None = None
+) -> list[Detector]:
+    """One of each detector, judging by ``thresholds`` (default: the packaged thresholds.yml);
+    ``straggler_factor`` overrides its ``straggler_factor``."""
+    t = thresholds if thresholds is not None else load_default()
     return [
         CudaOomDetector(),
         NcclTimeoutDetector(),
         NcclErrorDetector(),
-        XidDetector(),
+        XidDetector(t.xid_critical),
         ElasticFailureDetector(),
-        StragglerDetector(straggler_threshold),
+        StragglerDetector(
+            t.straggler_factor if straggler_factor is None else straggler_factor,
+            t.straggler_min_ranks,
+        ),
     ]
+
+
+# The order findings are reported in: the detectors' order above.
+DETECTORS: tuple[type[Detector], ...] = (
+    CudaOomDetector,
+    NcclTimeoutDetector,
+    NcclErrorDetector,
+    XidDetector,
+    ElasticFailureDetector,
+    StragglerDetector,
+)

@@ -1,13 +1,29 @@
 """NVIDIA Xid codes: what each means and whether the node should be drained.
 
 The meanings follow NVIDIA's published Xid catalog for the codes a training cluster actually
-meets. ``drain`` is one of ``now`` (take the node out of scheduling before the next job),
-``after_job`` (the GPU works but needs a reset to recover: drain when the current job ends)
-and ``no`` (an application-level fault; the GPU is healthy).
+meets. Which Xids need the node drained is not decided here: it is ``xid_critical`` in
+``thresholds.yml``, the one list the GpuXidError alert pages on and remediation drains on.
+``drain`` is derived from it:
+
+* ``now``: the code is in ``xid_critical`` and the GPU cannot be trusted with the next step
+  (take the node out of scheduling before the next job);
+* ``after_job``: the code is in ``xid_critical`` but NVIDIA's catalog says the GPU keeps
+  working until a reset applies the repair (63, 92, 94: ``reset_can_wait`` below), so drain when
+  the current job ends;
+* ``no``: a known code outside ``xid_critical`` (an application-level fault; the GPU is
+  healthy), ``unknown`` for a code not in this table and not in ``xid_critical``.
+
+One exception, on purpose: Xid 154 ("GPU recovery action changed") carries the action the GPU
+needs in its message, which the exporter's counter (and so the alert) cannot read; the alert
+only warns on it, while triage reads the action and says ``now`` unless it is "None"
+(``recovery_drain``). NVIDIA's catalog also asks for a GPU reset after 38 (driver firmware
+error) and 140 (unrecovered ECC error), which ``xid_critical`` does not list yet: until it does,
+their advice says to reset the GPU but ``drain`` follows the list (see thresholds.yml).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 
@@ -16,6 +32,16 @@ class XidInfo:
     meaning: str
     drain: str
     advice: str
+
+
+@dataclass(frozen=True)
+class _Fact:
+    """What NVIDIA's catalog says about one code; ``reset_can_wait``: the GPU keeps working
+    until the next reset applies the repair (drain after the job rather than now)."""
+
+    meaning: str
+    advice: str
+    reset_can_wait: bool = False
 
 
 _APP = (
@@ -28,79 +54,108 @@ _RESET = (
     "then run `dcgmi diag -r 3` before returning it to service; open an RMA if it recurs."
 )
 
-XID_TABLE: dict[int, XidInfo] = {
-    8: XidInfo("GPU stopped processing (timeout)", "no", _APP),
-    13: XidInfo("Graphics engine exception", "no", _APP),
-    31: XidInfo("GPU memory page fault (illegal address)", "no", _APP),
-    32: XidInfo(
+# Facts only: whether a code drains the node is thresholds.yml's xid_critical (see above).
+CATALOGUE: dict[int, _Fact] = {
+    8: _Fact("GPU stopped processing (timeout)", _APP),
+    13: _Fact("Graphics engine exception", _APP),
+    31: _Fact("GPU memory page fault (illegal address)", _APP),
+    32: _Fact(
         "Invalid or corrupted push buffer stream",
-        "after_job",
         "Often PCIe or system-memory trouble: check `dmesg` for AER/PCIe errors and the GPU's "
         "seating; drain after the job if it repeats.",
     ),
-    38: XidInfo("Driver firmware error", "now", _RESET),
-    43: XidInfo("GPU stopped processing (a channel was reset after a user fault)", "no", _APP),
-    45: XidInfo(
+    38: _Fact(
+        "Driver firmware error",
+        "NVIDIA's catalog asks for a GPU reset: reset the GPU (`nvidia-smi -r`) or reboot when "
+        "the job ends and run `dcgmi diag -r 3`; drain the node if it recurs.",
+    ),
+    43: _Fact("GPU stopped processing (a channel was reset after a user fault)", _APP),
+    45: _Fact(
         "Preemptive cleanup after earlier errors",
-        "no",
         "A consequence, not a cause: the process was killed or an earlier Xid hit this GPU; "
         "look at the Xid just before it.",
     ),
-    48: XidInfo("Double-bit ECC error (uncorrectable)", "now", _RESET),
-    61: XidInfo("Internal micro-controller breakpoint/warning", "now", _RESET),
-    62: XidInfo("Internal micro-controller halt", "now", _RESET),
-    63: XidInfo(
+    48: _Fact("Double-bit ECC error (uncorrectable)", _RESET),
+    61: _Fact("Internal micro-controller breakpoint/warning", _RESET),
+    62: _Fact("Internal micro-controller halt", _RESET),
+    63: _Fact(
         "ECC page retirement or row-remapping event",
-        "after_job",
         "The GPU recorded a memory remap that takes effect at the next GPU reset: drain the "
         "node when the current job ends and reset the GPU.",
+        reset_can_wait=True,
     ),
-    64: XidInfo("ECC page retirement or row-remapping failure", "now", _RESET),
-    68: XidInfo("Video decoder (NVDEC) exception", "no", _APP),
-    69: XidInfo("Graphics engine class error", "no", _APP),
-    74: XidInfo(
+    64: _Fact("ECC page retirement or row-remapping failure", _RESET),
+    68: _Fact("Video decoder (NVDEC) exception", _APP),
+    69: _Fact("Graphics engine class error", _APP),
+    74: _Fact(
         "NVLink error",
-        "now",
         "Drain the node; check `nvidia-smi nvlink -e` and the NVSwitch/fabric manager logs, "
         "reset the GPUs; a link that keeps failing is a hardware replacement.",
     ),
-    79: XidInfo(
+    79: _Fact(
         "GPU has fallen off the bus",
-        "now",
         "Drain the node: the GPU is no longer reachable over PCIe. Reboot it and check power, "
         "thermals and PCIe seating; a repeat is a hardware replacement.",
     ),
-    92: XidInfo(
+    92: _Fact(
         "High single-bit ECC error rate",
-        "after_job",
         "Memory is degrading: drain after the job, reset the GPU and watch "
         "trainguard_gpu_ecc_errors_total.",
+        reset_can_wait=True,
     ),
-    94: XidInfo(
+    94: _Fact(
         "Contained ECC error",
-        "after_job",
         "The error was contained to the process that used the memory (it was terminated); "
         "other processes are fine. Reset the GPU after the job so row remapping takes effect.",
+        reset_can_wait=True,
     ),
-    95: XidInfo("Uncontained ECC error", "now", _RESET),
-    109: XidInfo("Context switch timeout", "no", _APP),
-    119: XidInfo("GSP RPC timeout", "now", _RESET),
-    120: XidInfo("GSP error", "now", _RESET),
-    140: XidInfo("Unrecovered ECC error", "now", _RESET),
-    154: XidInfo(
+    95: _Fact("Uncontained ECC error", _RESET),
+    109: _Fact("Context switch timeout", _APP),
+    119: _Fact("GSP RPC timeout", _RESET),
+    120: _Fact("GSP error", _RESET),
+    140: _Fact(
+        "Unrecovered ECC error",
+        "NVIDIA's catalog asks for a GPU reset: reset the GPU (`nvidia-smi -r`) or reboot before "
+        "the next job and run `dcgmi diag -r 3`; open an RMA if it recurs.",
+    ),
+    154: _Fact(
         "GPU recovery action changed",
-        "now",
         "The driver says what recovery the GPU needs (in the message: GPU reset, node reboot, "
         "drain and reset); do it before the next job is scheduled.",
     ),
 }
 
-UNKNOWN = XidInfo(
+# Xid 154 names the recovery the GPU needs; the exporter's counter cannot, so the alert only
+# warns on it and triage decides from the message (recovery_drain).
+RECOVERY_ACTION_XID = 154
+
+_UNKNOWN = _Fact(
     "Xid not in trainguard's table",
-    "unknown",
     "Look the code up in NVIDIA's Xid catalog; treat it as needing a drain until you know.",
 )
 
 
-def lookup(code: int) -> XidInfo:
-    return XID_TABLE.get(code, UNKNOWN)
+def critical_xids() -> frozenset[int]:
+    """``xid_critical`` of the packaged thresholds: the Xids that page and drain the node."""
+    from trainguard.thresholds import load_default
+
+    return frozenset(load_default().xid_critical)
+
+
+def lookup(code: int, critical: Collection[int] | None = None) -> XidInfo:
+    """Meaning, drain decision and advice for ``code``; ``critical`` defaults to the packaged
+    thresholds' ``xid_critical``."""
+    if critical is None:
+        critical = critical_xids()
+    fact = CATALOGUE.get(code)
+    if code in critical:
+        fact = fact or _UNKNOWN
+        return XidInfo(fact.meaning, "after_job" if fact.reset_can_wait else "now", fact.advice)
+    if fact is None:
+        return XidInfo(_UNKNOWN.meaning, "unknown", _UNKNOWN.advice)
+    return XidInfo(fact.meaning, "no", fact.advice)
+
+
+def recovery_drain(action: str) -> str:
+    """Xid 154's drain decision from the recovery action its message names."""
+    return "no" if "none" in action.lower() else "now"

@@ -2,7 +2,10 @@
 
 Prints, for each failing check, which training ranks fail it, why it matters, the fix and the
 page that explains it. Exits 1 when something should be fixed, 0 when all is well (or when no
-training process runs here), so it fits in a job's pre-flight script.
+training process runs here), so it fits in a job's pre-flight script. Settings whose default
+changed across torch releases (the Flight Recorder's buffer: off before torch 2.11, 2000 entries
+since) are judged against the torch installed where doctor runs, read from its package metadata
+without importing it; without torch, doctor says that default is unknown.
 """
 
 from __future__ import annotations
@@ -43,15 +46,31 @@ def render(
     unreadable: int,
     host: HostFacts,
     latencies: LatencySource | None,
+    *,
+    torch_version: str | None,
 ) -> Report:
-    from trainguard.exporters.nccl_lint import Check, lint
+    """The report; ``torch_version`` is the torch the ranks run (None: unknown), which decides
+    the defaults of the settings they leave unset."""
+    from trainguard.exporters.nccl_lint import Check, flight_recorder_defaults, lint
 
     lines = [f"trainguard doctor: {len(processes)} training process(es) on this node"]
+    defaults = flight_recorder_defaults(torch_version)
+    if defaults is None:
+        lines.append(
+            "  torch: not installed here (or its version is unreadable), so its defaults "
+            "are unknown"
+        )
+    else:
+        state = "off" if defaults.default_entries == 0 else f"{defaults.default_entries} entries"
+        lines.append(
+            f"  torch: {torch_version} (Flight Recorder by default: {state}; "
+            f"set with {' or '.join(defaults.names)})"
+        )
     if unreadable:
         lines.append(
             f"  ({unreadable} process(es) could not be read; run as root to check them too)"
         )
-    findings = lint(processes, host, latencies)
+    findings = lint(processes, host, latencies, torch_version)
     if not processes:
         lines.append("No training process (RANK and LOCAL_RANK in its environment) found.")
         return Report("\n".join(lines), findings)
@@ -77,12 +96,20 @@ def render(
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainguard.exporters.nccl_lint import RankMetricsLatency
+    from trainguard.exporters.nccl_lint import RankMetricsLatency, installed_torch_version
     from trainguard.exporters.procs import ProcfsSource, SysfsHost
 
     scan = ProcfsSource(args.proc_root).scan()
     host = SysfsHost(args.sys_root).facts()
     latencies = None if args.no_latency else RankMetricsLatency()
-    report = render(scan.processes, scan.unreadable, host, latencies)
+    # The torch installed here, read from its metadata (doctor never imports torch): the
+    # ranks' own torch when doctor runs in the training image, as its pre-flight script does.
+    report = render(
+        scan.processes,
+        scan.unreadable,
+        host,
+        latencies,
+        torch_version=installed_torch_version(),
+    )
     print(report.text)
     return 1 if report.findings else 0

@@ -9,7 +9,9 @@ one gauge per check; ``trainguard doctor`` prints the findings for a human.
 from __future__ import annotations
 
 import enum
+import importlib.metadata
 import math
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
@@ -33,6 +35,138 @@ TIMEOUT_MIN_FACTOR = 5.0
 # ...and one over this many times (and over TIMEOUT_MAX_SECONDS) lets a hang burn GPU hours.
 TIMEOUT_MAX_FACTOR = 10_000.0
 TIMEOUT_MAX_SECONDS = 1800.0
+
+
+# -- the Flight Recorder's default, per torch release ---------------------------------------
+#
+# torch reads the buffer size once, in the FlightRecorder constructor
+# (torch/csrc/distributed/c10d/FlightRecorder.hpp; NCCLTraceBuffer in TraceUtils.h in older
+# releases) with getCvarInt(names, default): the first name that is set wins, and 0 entries
+# means the recorder is off (FlightRecorderDetail.hpp: record() returns at once unless
+# enabled_). Read from the headers each release ships (git_version of its torch/version.py):
+#   v2.7.0  134179474539648ba7dee1317959529fbd0e7f89  {"TORCH_NCCL_TRACE_BUFFER_SIZE"}, 0
+#   v2.8.0  a1cb3cc05d46d198467bebbb6e8fba50a325d4e7  {"TORCH_FR_BUFFER_SIZE",
+#                                                     "TORCH_NCCL_TRACE_BUFFER_SIZE"}, 0
+#   v2.10.0 449b1768410104d3ed79d3bcfe4ba1d65c7f22c0  same names, 0
+#   v2.11.0 70d99e998b4955e0049d13a98d77ae1b14db1f45  same names, 2000 (pytorch/pytorch#172843,
+#                                                     "Fix Flight Recorder default buffer size
+#                                                     inconsistency", fixes #172811)
+#   v2.13.0 cf30153c4c131c8164ee7798e5022d810682e2cb  same names, 2000
+# ProcessGroupNCCL.cpp keeps its own copy of the size, 2000 already before 2.11; it does not
+# size the recorder, so with FlightRecorder.hpp's 0 nothing was recorded. (torch's optional
+# torchcomms backend reads the same variables in distributed_c10d.py, with a default of 0.)
+FR_BUFFER_VAR = "TORCH_FR_BUFFER_SIZE"
+FR_LEGACY_BUFFER_VAR = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+FR_RECOMMENDED_ENTRIES = 2000
+
+
+@dataclass(frozen=True)
+class FlightRecorderDefaults:
+    """What torch releases from ``since`` (major, minor) on read, and the size when unset."""
+
+    since: tuple[int, int]
+    names: tuple[str, ...]  # highest priority first, as getCvarInt reads them
+    default_entries: int
+
+
+# Newest first; the first row whose ``since`` the version reaches applies.
+FLIGHT_RECORDER_DEFAULTS: tuple[FlightRecorderDefaults, ...] = (
+    FlightRecorderDefaults((2, 11), (FR_BUFFER_VAR, FR_LEGACY_BUFFER_VAR), 2000),
+    FlightRecorderDefaults((2, 8), (FR_BUFFER_VAR, FR_LEGACY_BUFFER_VAR), 0),
+    FlightRecorderDefaults((0, 0), (FR_LEGACY_BUFFER_VAR,), 0),
+)
+# getCvarInt parses with std::stoi: leading blanks, a sign and digits; it ignores what follows
+# and throws (so torch refuses the setting) when nothing parses or the value overflows an int.
+_STOI = re.compile(r"\s*([+-]?\d+)")
+_INT_MAX = 2**31 - 1
+
+
+def installed_torch_version() -> str | None:
+    """The version of the torch installed where this runs, from its metadata (never imports
+    torch, which is slow and starts CUDA); None when torch is not installed."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _release(torch_version: str | None) -> tuple[int, int] | None:
+    match = re.match(r"(\d+)\.(\d+)", torch_version or "")
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def flight_recorder_defaults(torch_version: str | None) -> FlightRecorderDefaults | None:
+    """The defaults of that torch release; None when the version is unknown or unparsable."""
+    release = _release(torch_version)
+    if release is None:
+        return None
+    return next(d for d in FLIGHT_RECORDER_DEFAULTS if release >= d.since)
+
+
+@dataclass(frozen=True)
+class FlightRecorderState:
+    """Whether a process's Flight Recorder records, given its environment and torch version."""
+
+    enabled: bool | None  # None: cannot tell (unknown torch default, or a value torch refuses)
+    entries: int | None
+    reason: str  # why, for a human
+    variable: str  # the variable to set for this torch
+
+    def describe(self) -> str:
+        if self.enabled is None:
+            return f"unknown ({self.reason})"
+        state = f"on, {self.entries} entries" if self.enabled else "off"
+        return f"{state} ({self.reason})"
+
+
+def flight_recorder_state(
+    environ: Mapping[str, str], torch_version: str | None
+) -> FlightRecorderState:
+    """The effective Flight Recorder setting: the variables torch reads win, else its default.
+
+    ``torch_version`` is that of the torch the process runs (None: unknown). Pure: tested on
+    fixtures of environments and version strings.
+    """
+    defaults = flight_recorder_defaults(torch_version)
+    names = defaults.names if defaults else (FR_BUFFER_VAR, FR_LEGACY_BUFFER_VAR)
+    variable = names[0]
+    name = next((n for n in names if n in environ), None)
+    if name is None:
+        ignored = [n for n in (FR_BUFFER_VAR, FR_LEGACY_BUFFER_VAR) if n in environ]
+        if defaults is None:
+            return FlightRecorderState(
+                None,
+                None,
+                f"{FR_BUFFER_VAR} is unset and the torch version is unknown (torch is not "
+                "installed here), so is its default: 0 entries (off) before torch 2.11, "
+                f"{FR_RECOMMENDED_ENTRIES} since",
+                variable,
+            )
+        version = f"torch {torch_version}"
+        reason = f"{variable} is unset: {version}'s default is {defaults.default_entries}"
+        if ignored:
+            reason += f" ({version} ignores {', '.join(ignored)}: it reads {variable} only)"
+        return FlightRecorderState(
+            defaults.default_entries > 0,
+            defaults.default_entries,
+            reason,
+            variable,
+        )
+    raw = environ[name]
+    parsed = _STOI.match(raw)
+    value = int(parsed[1]) if parsed else None
+    if value is None or value < 0 or value > _INT_MAX:
+        return FlightRecorderState(
+            None,
+            None,
+            f"{name}={raw!r} is not a buffer size torch accepts (a whole number, 0 = off)",
+            variable,
+        )
+    shadowed = [n for n in names if n in environ and n != name]
+    reason = f"{name}={raw.strip()}"
+    if shadowed:
+        reason += f", which overrides {', '.join(shadowed)}"
+    return FlightRecorderState(value > 0, value, reason, variable)
 
 
 class Check(str, enum.Enum):
@@ -138,9 +272,13 @@ def _env(process: TrainingProcess, *names: str) -> str | None:
 
 
 def lint_process(
-    process: TrainingProcess, host: HostFacts, latency: Latency | None
+    process: TrainingProcess,
+    host: HostFacts,
+    latency: Latency | None,
+    torch_version: str | None = None,
 ) -> list[Finding]:
-    """Every check that fails for one training process."""
+    """Every check that fails for one training process (``torch_version``: the torch it runs,
+    None when unknown)."""
     found: list[Finding] = []
 
     def add(check: Check, problem: str, fix: str) -> None:
@@ -173,15 +311,9 @@ def lint_process(
         )
     if latency is not None:
         _check_timeouts(process, latency, add)
-    buffer = _env(process, "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-    if not buffer or not buffer.strip().isdigit() or int(buffer) == 0:
-        add(
-            Check.FLIGHT_RECORDER_OFF,
-            "the Flight Recorder is off (TORCH_FR_BUFFER_SIZE unset or 0): a hang leaves no "
-            "record of which collective each rank was in",
-            "set TORCH_FR_BUFFER_SIZE=2000 and TORCH_NCCL_DUMP_ON_TIMEOUT=1 (dumps go to "
-            "TORCH_FR_DUMP_TEMP_FILE, default /tmp/nccl_trace_rank_)",
-        )
+    recorder = flight_recorder_state(process.environ, torch_version)
+    if not recorder.enabled:
+        _flight_recorder_finding(recorder, add)
     level = (_env(process, "NCCL_DEBUG") or "").strip().upper()
     if level not in ("INFO", "TRACE") or not _env(process, "NCCL_DEBUG_FILE"):
         add(
@@ -196,6 +328,31 @@ def lint_process(
 
 class _Add(Protocol):
     def __call__(self, check: Check, problem: str, fix: str) -> None: ...
+
+
+def _flight_recorder_finding(recorder: FlightRecorderState, add: _Add) -> None:
+    consequence = "a hang leaves no record of which collective each rank was in"
+    if recorder.enabled is False:
+        problem = f"the Flight Recorder is off ({recorder.reason}): {consequence}"
+    else:
+        problem = f"the Flight Recorder may be off ({recorder.reason}): if so, {consequence}"
+    if recorder.variable == FR_LEGACY_BUFFER_VAR:
+        dump_file = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+        setting = f"{FR_LEGACY_BUFFER_VAR}={FR_RECOMMENDED_ENTRIES}"
+    else:
+        dump_file = "TORCH_FR_DUMP_TEMP_FILE"
+        setting = f"{FR_BUFFER_VAR}={FR_RECOMMENDED_ENTRIES}"
+        if recorder.enabled is None:
+            setting += (
+                f" ({FR_LEGACY_BUFFER_VAR}={FR_RECOMMENDED_ENTRIES} on torch before 2.8), "
+                "explicitly,"
+            )
+    add(
+        Check.FLIGHT_RECORDER_OFF,
+        problem,
+        f"set {setting} and TORCH_NCCL_DUMP_ON_TIMEOUT=1 (dumps go to {dump_file}, default "
+        "/tmp/nccl_trace_rank_)",
+    )
 
 
 def _check_timeouts(process: TrainingProcess, latency: Latency, add: _Add) -> None:
@@ -229,10 +386,13 @@ def _check_timeouts(process: TrainingProcess, latency: Latency, add: _Add) -> No
 
 
 def lint(
-    processes: Iterable[TrainingProcess], host: HostFacts, latencies: LatencySource | None
+    processes: Iterable[TrainingProcess],
+    host: HostFacts,
+    latencies: LatencySource | None,
+    torch_version: str | None = None,
 ) -> list[Finding]:
     findings: list[Finding] = []
     for process in processes:
         latency = latencies.latency(process) if latencies is not None else None
-        findings.extend(lint_process(process, host, latency))
+        findings.extend(lint_process(process, host, latency, torch_version))
     return findings

@@ -6,7 +6,8 @@ Three layers, each testable alone:
   nothing we export. It is a pure function on bytes, so binary garbage can only fail to match.
 * :class:`NcclLogState` folds records into what the collector exports: per communicator its
   NCCL version, transports, network interface, ranks, channels and tree channels, and warning
-  counts by kind.
+  counts by kind (``contract.NcclErrorKind``, from ``trainguard.nccl_errors.classify``, the
+  classifier ``trainguard triage`` uses too).
 * :class:`LogFollower` follows files matching globs like ``tail -F``: it reopens a file that was
   rotated (new inode) after draining the old one, starts over when a file is truncated, keeps a
   partial last line until its newline arrives and drops lines longer than a limit (counted).
@@ -17,7 +18,6 @@ NCCL lines look like ``host:pid:tid [cudaDev] NCCL INFO message`` (WARN lines ma
 
 from __future__ import annotations
 
-import enum
 import glob
 import os
 import re
@@ -29,18 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-class WarnKind(str, enum.Enum):
-    """The ``kind`` label of ``trainguard_nccl_log_errors_total``."""
-
-    CUDA = "cuda"  # a CUDA call failed inside NCCL (illegal address, out of memory, ...)
-    IB = "ib"  # InfiniBand / RoCE verbs errors (completion errors, ibv_* failures)
-    SOCKET = "socket"  # TCP sockets: connection refused or closed by the peer
-    TIMEOUT = "timeout"  # NCCL gave up waiting for a peer
-    PROXY = "proxy"  # the proxy thread failed a network operation
-    SYSTEM = "system"  # a system call or resource failed ("unhandled system error")
-    OTHER = "other"
-
+from trainguard.contract import NcclErrorKind
+from trainguard.nccl_errors import classify
 
 _PREFIX = re.compile(rb"^[^\s:]*:(\d+):(\d+) \[[^\]]*\] (?:(\S+) )?NCCL (INFO|WARN) ")
 _VERSION = re.compile(rb"NCCL version (\d+\.\d+\.\d+)")
@@ -72,15 +62,6 @@ _INFO_STARTS = (
 _CANDIDATE = re.compile(
     rb"NCCL (?:WARN|version|INFO (?:NCCL version|NET/|Using network|comm 0x|ncclCommInit"
     rb"|Channel |Trees|\d+ coll channels))"
-)
-
-_WARN_RULES: tuple[tuple[WarnKind, re.Pattern[bytes]], ...] = (
-    (WarnKind.CUDA, re.compile(rb"(?i)cuda")),
-    (WarnKind.IB, re.compile(rb"NET/IB|ibv_|\bIB\b|RoCE|mlx5")),
-    (WarnKind.TIMEOUT, re.compile(rb"(?i)time(d)? ?out")),
-    (WarnKind.SOCKET, re.compile(rb"(?i)socket|connection (closed|refused|reset)|connect to")),
-    (WarnKind.PROXY, re.compile(rb"(?i)proxy")),
-    (WarnKind.SYSTEM, re.compile(rb"(?i)system error|call to \w+ failed|errno|/dev/shm|allocate")),
 )
 
 
@@ -139,7 +120,7 @@ class Trees:
 @dataclass(frozen=True)
 class NcclWarning:
     pid: int
-    kind: WarnKind
+    kind: NcclErrorKind
 
 
 Record = (
@@ -147,11 +128,10 @@ Record = (
 )
 
 
-def classify_warning(message: bytes) -> WarnKind:
-    for kind, pattern in _WARN_RULES:
-        if pattern.search(message):
-            return kind
-    return WarnKind.OTHER
+def classify_warning(message: bytes) -> NcclErrorKind:
+    """The kind of a WARN line's message (latin-1 decodes any bytes, and every pattern is
+    ASCII, so undecodable garbage can only fail to match)."""
+    return classify(message.decode("latin-1"))
 
 
 def transport_of(via: bytes) -> str:
@@ -268,7 +248,7 @@ class NcclLogState:
         self._processes: dict[tuple[str, int], _Process] = {}
         self._pending: dict[tuple[str, int, int], _Pending] = {}
         self._communicators: OrderedDict[tuple[str, int], Communicator] = OrderedDict()
-        self.errors: Counter[WarnKind] = Counter()
+        self.errors: Counter[NcclErrorKind] = Counter()
 
     def forget_source(self, source: str) -> None:
         """A file started over (truncated or replaced): its half-seen inits are void."""
@@ -360,7 +340,7 @@ class NcclLogState:
             self._communicators.popitem(last=False)
         process.last_comm = comm
 
-    def snapshot(self) -> tuple[list[Communicator], dict[WarnKind, int]]:
+    def snapshot(self) -> tuple[list[Communicator], dict[NcclErrorKind, int]]:
         with self._lock:
             comms = [
                 Communicator(
@@ -384,7 +364,7 @@ class NcclSnapshot:
     """Everything the nccl collector exports, as of one poll; picklable."""
 
     communicators: list[Communicator]
-    errors: dict[WarnKind, int]
+    errors: dict[NcclErrorKind, int]
     files: int
     bytes_read: int
     lines_dropped: int

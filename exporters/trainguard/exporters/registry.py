@@ -25,6 +25,7 @@ from prometheus_client.metrics_core import Metric
 from trainguard import __version__, contract
 from trainguard.exporters.procs import HostSource, ProcessScan, ProcessSource
 from trainguard.exporters.provider import GpuFailure, GpuProvider, GpuSample
+from trainguard.prometheus_families import gauge_family, info_family
 
 log = logging.getLogger(__name__)
 
@@ -153,22 +154,11 @@ class ScrapeSupervisor:
     _failing: set[str] = field(default_factory=set)
 
     def _own_families(self) -> tuple[InfoMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
-        info = InfoMetricFamily(
-            contract.EXPORTER_INFO.client_name,
-            contract.EXPORTER_INFO.documentation,
-            labels=contract.EXPORTER_INFO.labels,
+        return (
+            info_family(contract.EXPORTER_INFO),
+            gauge_family(contract.EXPORTER_COLLECTOR_DURATION),
+            gauge_family(contract.EXPORTER_COLLECTOR_SUCCESS),
         )
-        duration = GaugeMetricFamily(
-            contract.EXPORTER_COLLECTOR_DURATION.name,
-            contract.EXPORTER_COLLECTOR_DURATION.documentation,
-            labels=contract.EXPORTER_COLLECTOR_DURATION.labels,
-        )
-        success = GaugeMetricFamily(
-            contract.EXPORTER_COLLECTOR_SUCCESS.name,
-            contract.EXPORTER_COLLECTOR_SUCCESS.documentation,
-            labels=contract.EXPORTER_COLLECTOR_SUCCESS.labels,
-        )
-        return info, duration, success
 
     def describe(self) -> Iterator[Metric]:
         for collector in self.collectors.values():
@@ -205,8 +195,3 @@ class ScrapeSupervisor:
     def close(self) -> None:
         for collector in self.collectors.values():
             collector.close()
-
-
-def gauge(spec: contract.MetricSpec) -> GaugeMetricFamily:
-    """A fresh, empty family for a gauge of the contract."""
-    return GaugeMetricFamily(spec.name, spec.documentation, labels=spec.labels)

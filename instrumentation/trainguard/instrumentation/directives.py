@@ -31,11 +31,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Directive:
-    """One instruction: ``kind`` is an action of the remediation catalogue (checkpoint_now,
-    dump_diagnostics, set_grad_compression, split_micro_batches, set_collective_timeout)."""
+    """One instruction: ``kind`` is a directive action of the remediation catalogue
+    (``contract.Action``: checkpoint now, dump diagnostics, set gradient compression, split
+    micro-batches, set the collective timeout). On the wire it is the action's value."""
 
     id: int
-    kind: str
+    kind: contract.Action
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -122,10 +123,10 @@ class DirectiveClient:
         delay = self._backoff_initial
         while not stop.is_set():
             try:
-                for directive in self._poll():
+                for offered in self._poll():
                     if stop.is_set():
                         return
-                    self._handle(directive)
+                    self._handle(offered)
             except Exception as exc:
                 self.errors += 1
                 if self.errors == 1 or self.errors % 100 == 0:
@@ -148,31 +149,41 @@ class DirectiveClient:
             raw = response.read()
         return json.loads(raw) if raw else None
 
-    def _poll(self) -> list[Directive]:
+    def _poll(self) -> list[Mapping[str, Any]]:
+        """The directives offered to this rank, as the service sent them."""
         query = urllib.parse.urlencode(
             {"job_id": self._job_id, "rank": self._rank, "wait": self._poll_seconds}
         )
         document = self._request("GET", f"/v1/directives?{query}", timeout=self._poll_seconds + 10)
-        return [
-            Directive(id=int(d["id"]), kind=str(d["kind"]), params=dict(d.get("params") or {}))
-            for d in document["directives"]
-        ]
+        return list(document["directives"])
 
-    def _handle(self, directive: Directive) -> None:
-        if directive.id not in self._unacked:
-            try:
-                self._callback(directive)
-            except Exception as exc:
-                log.warning("directive %s (%s) failed: %r", directive.id, directive.kind, exc)
-                self._unacked[directive.id] = ("failure", repr(exc)[:4000])
-            else:
-                self._unacked[directive.id] = ("success", "")
+    def _carry_out(self, directive_id: int, offered: Mapping[str, Any]) -> tuple[str, str]:
+        """Hand the directive to the callback; its acknowledgement's outcome and detail."""
+        try:
+            kind = contract.Action(str(offered["kind"]))
+        except ValueError:
+            # A service newer than this rank's trainguard: refuse it rather than stall on it.
+            detail = f"unknown directive kind {offered['kind']!r} on this rank"
+            log.warning("directive %s: %s", directive_id, detail)
+            return "failure", detail
+        directive = Directive(directive_id, kind, dict(offered.get("params") or {}))
+        try:
+            self._callback(directive)
+        except Exception as exc:
+            log.warning("directive %s (%s) failed: %r", directive_id, kind.value, exc)
+            return "failure", repr(exc)[:4000]
+        return "success", ""
+
+    def _handle(self, offered: Mapping[str, Any]) -> None:
+        directive_id = int(offered["id"])
+        if directive_id not in self._unacked:
+            self._unacked[directive_id] = self._carry_out(directive_id, offered)
             self.handled += 1
-        outcome, detail = self._unacked[directive.id]
+        outcome, detail = self._unacked[directive_id]
         body = {"rank": self._rank, "outcome": outcome, "detail": detail}
         try:
-            self._request("POST", f"/v1/directives/{directive.id}/ack", body)
+            self._request("POST", f"/v1/directives/{directive_id}/ack", body)
         except urllib.error.HTTPError as exc:
             if exc.code != 404:
                 raise
-        del self._unacked[directive.id]
+        del self._unacked[directive_id]

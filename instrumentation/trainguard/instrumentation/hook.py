@@ -624,26 +624,27 @@ class Instrumentation:
 
         Raising marks the directive failed in the service's audit trail, with the reason.
         """
+        kind = directive.kind
         log_event(
-            f"directive {directive.kind} #{directive.id} received",
+            f"directive {kind.value} #{directive.id} received",
             contract.EventKind.DIRECTIVE,
             level=logging.INFO,
             **self.identity.event_fields(),
             step=self.clock.step,
-            details={"directive": directive.kind, "params": dict(directive.params)},
+            details={"directive": kind.value, "params": dict(directive.params)},
         )
-        if directive.kind == "dump_diagnostics":
+        if kind is contract.Action.DUMP_DIAGNOSTICS:
             folder = self.config.resolved_dump_dir() / self.identity.job_id
             folder = folder / f"directive-{directive.id}"
             if self.backend != "none" and flight_recorder.flight_recorder_available():
                 flight_recorder.write_dump(folder, self.identity.rank)
             flight_recorder.write_stacks(folder, self.identity.rank)
-        elif directive.kind == "split_micro_batches":
+        elif kind is contract.Action.SPLIT_MICRO_BATCHES:
             factor = int(directive.params.get("factor", 2))
             # Applies to guarded_step; every rank gets the same directive, and guarded_step's
             # agreement keeps them in lockstep if one applies it a step later.
             self._split = max(1, min(self.config.oom_split_max, self._split * factor))
-        elif directive.kind == "set_collective_timeout" and self._on_directive is None:
+        elif kind is contract.Action.SET_COLLECTIVE_TIMEOUT and self._on_directive is None:
             seconds = float(directive.params["seconds"])
             from torch.distributed.distributed_c10d import _set_pg_timeout
 
@@ -652,7 +653,7 @@ class Instrumentation:
             self._on_directive(directive)
         else:
             raise RuntimeError(
-                f"no handler for directive {directive.kind!r} on this rank: pass "
+                f"no handler for directive {kind.value!r} on this rank: pass "
                 "on_directive= to trainguard.instrument() to act on it"
             )
 

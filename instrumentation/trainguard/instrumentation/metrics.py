@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from trainguard import contract
 from trainguard.contract import MetricSpec
+from trainguard.prometheus_families import counter_family
 
 # Step-level buckets: 1 ms .. ~5 min. Gradient syncs and phases fall in the same range.
 DURATION_BUCKETS: tuple[float, ...] = (
@@ -148,16 +149,8 @@ class CollectiveProgressCollector(Collector):
     def _families(self) -> tuple[CounterMetricFamily, CounterMetricFamily]:
         labels = list(self._identity)
         return (
-            CounterMetricFamily(
-                contract.COLLECTIVES_LAUNCHED.client_name,
-                contract.COLLECTIVES_LAUNCHED.documentation,
-                labels=labels,
-            ),
-            CounterMetricFamily(
-                contract.COLLECTIVES_COMPLETED.client_name,
-                contract.COLLECTIVES_COMPLETED.documentation,
-                labels=labels,
-            ),
+            counter_family(contract.COLLECTIVES_LAUNCHED, labels=labels),
+            counter_family(contract.COLLECTIVES_COMPLETED, labels=labels),
         )
 
     def describe(self) -> Iterable[Metric]:

@@ -11,17 +11,18 @@ import enum
 from dataclasses import dataclass
 
 from trainguard import contract
+from trainguard.contract import Action
 
 
 class ActionKind(str, enum.Enum):
     SCHEDULER = "scheduler"
     DIRECTIVE = "directive"
-    RECOMMEND = "recommend"
+    RECOMMEND = Action.RECOMMEND.value
 
 
 @dataclass(frozen=True)
 class ActionSpec:
-    name: str
+    name: Action
     kind: ActionKind
     destructive: bool
     # Alert labels the action cannot do without.
@@ -30,7 +31,7 @@ class ActionSpec:
 
 
 def _spec(
-    name: str, kind: ActionKind, destructive: bool, needs: tuple[str, ...], description: str
+    name: Action, kind: ActionKind, destructive: bool, needs: tuple[str, ...], description: str
 ) -> ActionSpec:
     return ActionSpec(name, kind, destructive, needs, description)
 
@@ -38,68 +39,68 @@ def _spec(
 _JOB = (contract.LABEL_JOB_ID,)
 _NODE = (contract.LABEL_NODE,)
 
-CATALOG: dict[str, ActionSpec] = {
+CATALOG: dict[Action, ActionSpec] = {
     spec.name: spec
     for spec in (
         _spec(
-            "restart_from_checkpoint",
+            Action.RESTART_FROM_CHECKPOINT,
             ActionKind.SCHEDULER,
             True,
             _JOB,
             "Restart the job's workers; the training script resumes from its last checkpoint.",
         ),
         _spec(
-            "exclude_node",
+            Action.EXCLUDE_NODE,
             ActionKind.SCHEDULER,
             True,
             (*_JOB, *_NODE),
             "Take the alert's node out of the job and let the rest carry on without it.",
         ),
         _spec(
-            "drain_node",
+            Action.DRAIN_NODE,
             ActionKind.SCHEDULER,
             True,
             _NODE,
             "Stop scheduling work on the node (Kubernetes cordon, Slurm drain).",
         ),
         _spec(
-            "annotate",
+            Action.ANNOTATE,
             ActionKind.SCHEDULER,
             False,
             _JOB,
             "Mark the job with the alert (Kubernetes pod annotations, Slurm job comment).",
         ),
-        _spec("checkpoint_now", ActionKind.DIRECTIVE, False, _JOB, "Ranks save a checkpoint."),
+        _spec(Action.CHECKPOINT_NOW, ActionKind.DIRECTIVE, False, _JOB, "Ranks save a checkpoint."),
         _spec(
-            "dump_diagnostics",
+            Action.DUMP_DIAGNOSTICS,
             ActionKind.DIRECTIVE,
             False,
             _JOB,
             "Ranks dump the Flight Recorder and every thread's stack.",
         ),
         _spec(
-            "set_grad_compression",
+            Action.SET_GRAD_COMPRESSION,
             ActionKind.DIRECTIVE,
             False,
             _JOB,
             "Ranks switch the DDP gradient compression hook (params: compression).",
         ),
         _spec(
-            "split_micro_batches",
+            Action.SPLIT_MICRO_BATCHES,
             ActionKind.DIRECTIVE,
             False,
             _JOB,
             "Ranks split each batch into micro-batches, accumulating gradients (params: factor).",
         ),
         _spec(
-            "set_collective_timeout",
+            Action.SET_COLLECTIVE_TIMEOUT,
             ActionKind.DIRECTIVE,
             False,
             _JOB,
             "Ranks set the collective timeout of their process group (params: seconds).",
         ),
         _spec(
-            "recommend",
+            Action.RECOMMEND,
             ActionKind.RECOMMEND,
             False,
             (),
@@ -107,3 +108,12 @@ CATALOG: dict[str, ActionSpec] = {
         ),
     )
 }
+
+
+def failure_of(alertname: str) -> contract.Failure | None:
+    """The failure an alert reports (``contract.failure_of``); None when the alert is not one
+    of trainguard's (a policy may have rules for anyone's alerts)."""
+    try:
+        return contract.failure_of(contract.Alert(alertname))
+    except (ValueError, KeyError):
+        return None

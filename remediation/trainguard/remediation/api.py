@@ -81,13 +81,15 @@ async def alertmanager(payload: WebhookPayload, runtime: RuntimeDep) -> WebhookR
     if result.duplicates:
         metrics.alerts_deduplicated.inc(result.duplicates)
     metrics.record_decisions(planned.decisions)
-    for action, state in planned.decisions:
+    for decided in planned.decided:
+        action, state = decided.action.value, decided.state.value
         log_event(
-            f"decision: {action} -> {state.value}",
+            f"decision: {action} -> {state}",
             contract.EventKind.DECISION,
             level=logging.INFO,
             logger=log,
-            details={"action": action, "state": state.value, "group_key": payload.group_key},
+            failure=decided.failure,
+            details={"action": action, "state": state, "group_key": payload.group_key},
         )
     metrics.webhook_duration.observe(time.perf_counter() - started)
     return result

@@ -32,7 +32,9 @@ from typing import Any
 from sqlalchemy import Connection
 
 from trainguard import contract
-from trainguard.remediation.actions import CATALOG, ActionKind
+from trainguard.contract import Action, Failure
+from trainguard.remediation.actions import CATALOG, ActionKind, failure_of
+from trainguard.remediation.executors import RecommendExecutor
 from trainguard.remediation.models import (
     PENDING_STATES,
     ActionState,
@@ -156,13 +158,27 @@ class Guards:
     default_scheduler: str = "local"
 
 
+@dataclass(frozen=True)
+class Decided:
+    """One planned action's decision, and the failure of the alert it answers."""
+
+    action: Action
+    state: ActionState
+    failure: Failure | None
+
+
 @dataclass
 class Planned:
     """What a unit decided: new action ids, and those the worker should pick up."""
 
     actions: list[int] = field(default_factory=list)
     queued: list[int] = field(default_factory=list)
-    decisions: list[tuple[str, ActionState]] = field(default_factory=list)
+    decided: list[Decided] = field(default_factory=list)
+
+    @property
+    def decisions(self) -> list[tuple[str, ActionState]]:
+        """(action name, state) of each decision: what the decision metrics count."""
+        return [(d.action.value, d.state) for d in self.decided]
 
 
 def record_transition(conn: Connection, action_id: int, state: str, note: str) -> None:
@@ -356,7 +372,7 @@ class Engine:
                 continue
             action_id, state = self._decide(conn, alert_id, index, step, labels, at, firing_for)
             planned.actions.append(action_id)
-            planned.decisions.append((step.action, state))
+            planned.decided.append(Decided(step.action, state, failure_of(alertname)))
             if state is ActionState.QUEUED:
                 planned.queued.append(action_id)
         if next_due is not None:
@@ -401,7 +417,7 @@ class Engine:
                 "alert_id": alert_id,
                 "step": index,
                 "subject": subject,
-                "action": step.action,
+                "action": step.action.value,
                 "executor": executor or "",
                 "params": json.dumps(params, sort_keys=True),
                 "destructive": int(spec.destructive),
@@ -423,7 +439,7 @@ class Engine:
             return "directive", params
         if spec.kind is ActionKind.RECOMMEND:
             params["text"] = string.Template(str(params.get("text", ""))).safe_substitute(labels)
-            return "recommend", params
+            return RecommendExecutor.name, params
         scheduler = labels.get(contract.LABEL_SCHEDULER) or self.guards.default_scheduler
         return (scheduler if scheduler in contract.SCHEDULERS else None), params
 
@@ -432,7 +448,7 @@ class Engine:
     ) -> tuple[ActionState, str]:
         # One statement for all three guards: the webhook's cost is mostly statements.
         row = _GUARD_SQL[conn.dialect.name].first(
-            conn, {"subject": subject, "action": step.action, "since": at - HOUR}
+            conn, {"subject": subject, "action": step.action.value, "since": at - HOUR}
         )
         assert row is not None  # a SELECT of three scalar subqueries has one row
         breaker, last, used = row
@@ -442,10 +458,8 @@ class Engine:
             self.guards.cooldown_seconds if step.cooldown_seconds is None else step.cooldown_seconds
         )
         if last is not None and at - last < cooldown:
-            return (
-                ActionState.SUPPRESSED,
-                f"cooldown: {step.action} for {subject} {at - last:.0f}s ago (< {cooldown:.0f}s)",
-            )
+            ago = f"{at - last:.0f}s ago (< {cooldown:.0f}s)"
+            return ActionState.SUPPRESSED, f"cooldown: {step.action.value} for {subject} {ago}"
         if used >= self.guards.budget_per_hour:
             why = f"budget of {self.guards.budget_per_hour} actions per hour exhausted"
             _TRIP_BREAKER.run(conn, {"subject": subject, "at": at, "reason": why})

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from trainguard import contract
+from trainguard.prometheus_families import gauge_family
 from trainguard.remediation import queries
 from trainguard.remediation.models import ActionState
 from trainguard.remediation.store import Store, StoreError
@@ -36,15 +37,12 @@ class StoreCollector(Collector):
         yield from self._families(counts, breakers)
 
     def _families(self, counts: dict[str, int], breakers: int) -> Iterator[Metric]:
-        spec = contract.REMEDIATION_ACTIONS
-        actions = GaugeMetricFamily(spec.name, spec.documentation, labels=list(spec.labels))
+        actions = gauge_family(contract.REMEDIATION_ACTIONS)
         for state in ActionState:
             actions.add_metric([state.value], counts.get(state.value, 0))
         yield actions
-        spec = contract.REMEDIATION_CIRCUIT_BREAKERS_OPEN
-        yield GaugeMetricFamily(spec.name, spec.documentation, value=breakers)
-        spec = contract.REMEDIATION_DRY_RUN
-        yield GaugeMetricFamily(spec.name, spec.documentation, value=int(self._dry_run))
+        yield gauge_family(contract.REMEDIATION_CIRCUIT_BREAKERS_OPEN, value=breakers)
+        yield gauge_family(contract.REMEDIATION_DRY_RUN, value=int(self._dry_run))
 
 
 class Metrics:

@@ -9,6 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from trainguard.contract import Action, Failure
+
 ALERTNAME = "alertname"
 
 
@@ -119,7 +121,11 @@ class ActionView(BaseModel):
     alert: AlertSummary
     step: int
     subject: str
-    action: str
+    action: Action
+    failure: Failure | None = Field(
+        description="The failure the alert reports (trainguard.contract.Failure); null for an "
+        "alert that is not one of trainguard's."
+    )
     executor: str
     params: dict[str, Any]
     destructive: bool
@@ -152,7 +158,7 @@ class Directive(BaseModel):
     id: int
     job_id: str
     rank: int | None = Field(description="The rank it is for; null for every rank.")
-    kind: str
+    kind: Action
     params: dict[str, Any]
     created_at: datetime
 

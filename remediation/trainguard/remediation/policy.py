@@ -28,6 +28,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trainguard.contract import Action
 from trainguard.remediation.actions import CATALOG
 
 _MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"(.*)"|(.*?))\s*$')
@@ -73,16 +74,21 @@ class Step(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    action: str
+    action: Action
     params: dict[str, Any] = Field(default_factory=dict)
     after_seconds: float = Field(default=0.0, ge=0)
     cooldown_seconds: float | None = Field(default=None, ge=0)
 
-    @field_validator("action")
+    @field_validator("action", mode="before")
     @classmethod
-    def _known(cls, action: str) -> str:
-        if action not in CATALOG:
-            raise ValueError(f"unknown action {action!r}; known: {', '.join(sorted(CATALOG))}")
+    def _known(cls, value: Any) -> Action:
+        try:
+            action = Action(value)
+        except ValueError:
+            known = ", ".join(sorted(a.value for a in Action))
+            raise ValueError(f"unknown action {value!r}; valid actions: {known}") from None
+        if action not in CATALOG:  # every Action has an entry; a gap is a bug of ours
+            raise ValueError(f"action {action.value!r} has no entry in the action catalogue")
         return action
 
 

@@ -8,7 +8,9 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, text
 
+from trainguard.contract import Action
 from trainguard.remediation import reports
+from trainguard.remediation.actions import failure_of
 from trainguard.remediation.executors import ActionRecord
 from trainguard.remediation.models import (
     ActionState,
@@ -71,7 +73,8 @@ def _view(conn: Connection, row: RowMapping) -> ActionView:
         ),
         step=row["step"],
         subject=row["subject"],
-        action=row["action"],
+        action=Action(row["action"]),
+        failure=failure_of(row["alert_name"]),
         executor=row["executor"],
         params=json.loads(row["params"]),
         destructive=bool(row["destructive"]),
@@ -119,7 +122,7 @@ def action_record(conn: Connection, action_id: int) -> tuple[ActionRecord, dict[
     row = conn.execute(_ACTION_BY_ID, {"id": action_id}).mappings().one()
     record = ActionRecord(
         id=row["id"],
-        action=row["action"],
+        action=Action(row["action"]),
         executor=row["executor"],
         subject=row["subject"],
         params=json.loads(row["params"]),
@@ -168,7 +171,7 @@ def pending_directives(
             id=row["id"],
             job_id=row["job_id"],
             rank=row["rank"],
-            kind=row["kind"],
+            kind=Action(row["kind"]),
             params=json.loads(row["params"]),
             created_at=_time(row["created_at"]),
         )

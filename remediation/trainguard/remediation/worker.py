@@ -176,7 +176,7 @@ class Worker:
         executor = self._executors.get(record.executor)
         try:
             if executor is None or record.action not in executor.actions:
-                raise ExecutionError(f"executor {record.executor!r} cannot {record.action}")
+                raise ExecutionError(f"executor {record.executor!r} cannot {record.action.value}")
             snapshot = executor.prepare(record)
         except Exception as exc:
             self._finish(record, None, exc, 0.0, claim=True)
@@ -322,17 +322,19 @@ class Worker:
             )
         )
         outcome = contract.EventOutcome.SUCCESS if error is None else contract.EventOutcome.FAILURE
-        self._metrics.actions_executed.labels(record.action, record.executor, outcome.value).inc()
+        action = record.action.value
+        self._metrics.actions_executed.labels(action, record.executor, outcome.value).inc()
         self._metrics.action_duration.labels(record.executor).observe(seconds)
         log_event(
-            f"action {record.id} {record.action} on {record.executor}: {state.value}",
+            f"action {record.id} {action} on {record.executor}: {state.value}",
             contract.EventKind.ACTION,
             level=logging.INFO if error is None else logging.WARNING,
             logger=log,
             job_id=record.labels.get(contract.LABEL_JOB_ID),
             node=record.labels.get(contract.LABEL_NODE),
             outcome=outcome,
-            details={"action_id": record.id, "action": record.action, "output": body},
+            failure=record.failure,
+            details={"action_id": record.id, "action": action, "output": body},
         )
         if self._on_finished is not None:
             try:

@@ -28,7 +28,8 @@ from prometheus_client.metrics_core import Metric
 from trainguard import contract
 from trainguard.exporters import dcgm
 from trainguard.exporters.provider import GpuFailure, GpuIdentity, GpuSample, ThrottleReason
-from trainguard.exporters.registry import ExporterContext, gauge, register
+from trainguard.exporters.registry import ExporterContext, register
+from trainguard.prometheus_families import counter_family, gauge_family
 
 _COUNTERS = (
     contract.GPU_ENERGY,
@@ -61,20 +62,19 @@ class GpuCollector:
 
     def _families(self) -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
-            spec.name: CounterMetricFamily(spec.client_name, spec.documentation, labels=spec.labels)
-            for spec in _COUNTERS
+            spec.name: counter_family(spec) for spec in _COUNTERS
         }
-        families.update({spec.name: gauge(spec) for spec in _GAUGES})
+        families.update({spec.name: gauge_family(spec) for spec in _GAUGES})
         return families
 
     def describe(self) -> Iterator[Metric]:
-        yield gauge(contract.NVML_UP)
+        yield gauge_family(contract.NVML_UP)
         yield from self._families().values()
         if self._context.settings.dcgm_compat:
             yield from dcgm.families()
 
     def collect(self) -> Iterator[Metric]:
-        up = gauge(contract.NVML_UP)
+        up = gauge_family(contract.NVML_UP)
         try:
             results = self._context.gpu_samples()
         except Exception:

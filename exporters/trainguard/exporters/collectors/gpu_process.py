@@ -19,12 +19,11 @@ from prometheus_client.metrics_core import Metric
 from trainguard import contract
 from trainguard.exporters.provider import GpuSample
 from trainguard.exporters.registry import ExporterContext, register
-
-_SPEC = contract.GPU_PROCESS_INFO
+from trainguard.prometheus_families import info_family
 
 
 def _family() -> InfoMetricFamily:
-    return InfoMetricFamily(_SPEC.client_name, _SPEC.documentation, labels=_SPEC.labels)
+    return info_family(contract.GPU_PROCESS_INFO)
 
 
 class GpuProcessCollector:

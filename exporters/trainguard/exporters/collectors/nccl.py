@@ -21,12 +21,9 @@ from trainguard.exporters.nccl_follow import (
     PollingSource,
     SnapshotSource,
 )
-from trainguard.exporters.nccl_log import LogFollower, NcclLogState, WarnKind
-from trainguard.exporters.registry import ExporterContext, gauge, register
-
-
-def _counter(spec: contract.MetricSpec) -> CounterMetricFamily:
-    return CounterMetricFamily(spec.client_name, spec.documentation, labels=spec.labels)
+from trainguard.exporters.nccl_log import LogFollower, NcclLogState
+from trainguard.exporters.registry import ExporterContext, register
+from trainguard.prometheus_families import counter_family, gauge_family, info_family
 
 
 class NcclCollector:
@@ -41,17 +38,12 @@ class NcclCollector:
         CounterMetricFamily,
         CounterMetricFamily,
     ]:
-        info = InfoMetricFamily(
-            contract.NCCL_INFO.client_name,
-            contract.NCCL_INFO.documentation,
-            labels=contract.NCCL_INFO.labels,
-        )
         return (
-            info,
-            _counter(contract.NCCL_LOG_ERRORS),
-            gauge(contract.NCCL_LOG_FILES),
-            _counter(contract.NCCL_LOG_BYTES),
-            _counter(contract.NCCL_LOG_LINES_DROPPED),
+            info_family(contract.NCCL_INFO),
+            counter_family(contract.NCCL_LOG_ERRORS),
+            gauge_family(contract.NCCL_LOG_FILES),
+            counter_family(contract.NCCL_LOG_BYTES),
+            counter_family(contract.NCCL_LOG_LINES_DROPPED),
         )
 
     def describe(self) -> Iterator[Metric]:
@@ -75,7 +67,7 @@ class NcclCollector:
                 ],
                 {},
             )
-        for kind in WarnKind:
+        for kind in contract.NcclErrorKind:
             errors.add_metric([kind.value], float(snapshot.errors.get(kind, 0)))
         files.add_metric([], float(snapshot.files))
         read.add_metric([], float(snapshot.bytes_read))

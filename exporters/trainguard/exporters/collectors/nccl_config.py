@@ -22,7 +22,8 @@ from trainguard.exporters.nccl_lint import (
     RankMetricsLatency,
     lint,
 )
-from trainguard.exporters.registry import ExporterContext, TtlCache, gauge, register
+from trainguard.exporters.registry import ExporterContext, TtlCache, register
+from trainguard.prometheus_families import gauge_family, info_family
 
 
 class NcclConfigCollector:
@@ -38,12 +39,11 @@ class NcclConfigCollector:
         )
 
     def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, InfoMetricFamily]:
-        info = InfoMetricFamily(
-            contract.NCCL_CONFIG_CHECK_INFO.client_name,
-            contract.NCCL_CONFIG_CHECK_INFO.documentation,
-            labels=contract.NCCL_CONFIG_CHECK_INFO.labels,
+        return (
+            gauge_family(contract.NCCL_CONFIG_WARNINGS),
+            gauge_family(contract.NCCL_CONFIG_PROCESSES),
+            info_family(contract.NCCL_CONFIG_CHECK_INFO),
         )
-        return gauge(contract.NCCL_CONFIG_WARNINGS), gauge(contract.NCCL_CONFIG_PROCESSES), info
 
     def describe(self) -> Iterator[Metric]:
         yield from self._families()

@@ -19,6 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from trainguard.contract import Action, Failure
+from trainguard.remediation.actions import failure_of
+
 
 class ExecutionError(RuntimeError):
     """The action could not be carried out; the message says why."""
@@ -29,19 +32,28 @@ class ActionRecord:
     """What an executor gets to know about an action."""
 
     id: int
-    action: str
+    action: Action
     executor: str
     subject: str
     params: Mapping[str, Any]
     alertname: str
     labels: Mapping[str, str]
 
+    def __post_init__(self) -> None:
+        # The store holds the name; executors compare against Action members.
+        object.__setattr__(self, "action", Action(self.action))
+
+    @property
+    def failure(self) -> Failure | None:
+        """The failure the action's alert reports; None for an alert not of trainguard's."""
+        return failure_of(self.alertname)
+
 
 class Executor(Protocol):
     """Carries out the actions it names for one scheduler or channel."""
 
     name: str
-    actions: frozenset[str]
+    actions: frozenset[Action]
 
     def prepare(self, action: ActionRecord) -> dict[str, Any]: ...
 
@@ -79,8 +91,8 @@ class AwaitingExecutor(Executor, Protocol):
 class RecommendExecutor:
     """Records advice; nothing outside the audit trail changes."""
 
-    name = "recommend"
-    actions = frozenset({"recommend"})
+    name = Action.RECOMMEND.value
+    actions: frozenset[Action] = frozenset({Action.RECOMMEND})
 
     def prepare(self, action: ActionRecord) -> dict[str, Any]:
         return {}

@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, text
 
 from trainguard import contract
+from trainguard.contract import Action
 from trainguard.remediation.actions import CATALOG, ActionKind
 from trainguard.remediation.executors import ActionRecord, ExecutionError, Finished, Waiting
 from trainguard.remediation.models import AckOutcome
@@ -51,7 +52,9 @@ def _ranks(ranks: Iterable[int]) -> str:
 
 class DirectiveExecutor:
     name = "directive"
-    actions = frozenset(name for name, spec in CATALOG.items() if spec.kind is ActionKind.DIRECTIVE)
+    actions: frozenset[Action] = frozenset(
+        name for name, spec in CATALOG.items() if spec.kind is ActionKind.DIRECTIVE
+    )
 
     def __init__(
         self,
@@ -92,7 +95,7 @@ class DirectiveExecutor:
                     "action_id": action.id,
                     "job_id": job_id,
                     "rank": snapshot["rank"],
-                    "kind": action.action,
+                    "kind": action.action.value,
                     "params": json.dumps(params),
                     "created_at": time.time(),
                 },
@@ -131,7 +134,7 @@ class DirectiveExecutor:
         if failure is not None:
             detail = f": {failure['detail']}" if failure["detail"] else ""
             return finished(
-                False, f"rank {failure['rank']} could not carry out {action.action}{detail}"
+                False, f"rank {failure['rank']} could not carry out {action.action.value}{detail}"
             )
         targets = {int(rank) for rank in output.get("ranks") or []}
         if targets:

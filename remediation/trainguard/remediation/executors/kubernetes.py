@@ -22,6 +22,7 @@ from typing import Any
 from kubernetes import client
 
 from trainguard import contract
+from trainguard.contract import Action
 from trainguard.remediation.executors import ActionRecord, ExecutionError
 
 ANNOTATION_ACTION = "trainguard.io/action-id"
@@ -31,7 +32,9 @@ _GONE = (404, 409)  # not found, or the precondition UID no longer matches: a re
 
 class KubernetesExecutor:
     name = "kubernetes"
-    actions = frozenset({"restart_from_checkpoint", "exclude_node", "drain_node", "annotate"})
+    actions: frozenset[Action] = frozenset(
+        {Action.RESTART_FROM_CHECKPOINT, Action.EXCLUDE_NODE, Action.DRAIN_NODE, Action.ANNOTATE}
+    )
 
     def __init__(
         self,
@@ -71,17 +74,17 @@ class KubernetesExecutor:
         namespace = action.labels.get(contract.LABEL_NAMESPACE) or self._namespace
         job_id = action.labels.get(contract.LABEL_JOB_ID, "")
         node = action.labels.get(contract.LABEL_NODE, "")
-        if action.action == "drain_node":
+        if action.action == Action.DRAIN_NODE:
             return {"node": node}
-        pods = self._pods(namespace, job_id, node if action.action == "exclude_node" else None)
-        if not pods and action.action != "exclude_node":
+        pods = self._pods(namespace, job_id, node if action.action == Action.EXCLUDE_NODE else None)
+        if not pods and action.action != Action.EXCLUDE_NODE:
             raise ExecutionError(f"no pod labelled {self._job_label}={job_id} in {namespace}")
         return {"namespace": namespace, "pods": pods, "node": node}
 
     def execute(self, action: ActionRecord, snapshot: Mapping[str, Any]) -> dict[str, Any]:
         annotations = {ANNOTATION_ACTION: str(action.id), ANNOTATION_ALERT: action.alertname}
         output: dict[str, Any] = {}
-        if action.action in ("exclude_node", "drain_node"):
+        if action.action in (Action.EXCLUDE_NODE, Action.DRAIN_NODE):
             self._call(
                 "cordon node",
                 self.core.patch_node,
@@ -89,7 +92,7 @@ class KubernetesExecutor:
                 {"spec": {"unschedulable": True}, "metadata": {"annotations": annotations}},
             )
             output["cordoned"] = snapshot["node"]
-        if action.action in ("restart_from_checkpoint", "exclude_node"):
+        if action.action in (Action.RESTART_FROM_CHECKPOINT, Action.EXCLUDE_NODE):
             deleted, gone = [], []
             for name, uid in snapshot["pods"]:
                 try:
@@ -108,7 +111,7 @@ class KubernetesExecutor:
                 else:
                     deleted.append(name)
             output.update(deleted=deleted, already_gone=gone)
-        if action.action == "annotate":
+        if action.action == Action.ANNOTATE:
             for name, _ in snapshot["pods"]:
                 self._call(
                     "annotate pod",

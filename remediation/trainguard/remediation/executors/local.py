@@ -27,6 +27,7 @@ from typing import Any
 import psutil
 
 from trainguard import contract
+from trainguard.contract import Action
 from trainguard.remediation.executors import ActionRecord, ExecutionError
 
 
@@ -65,14 +66,14 @@ def _signal_if_same(pid: int, create_time: float, signum: int) -> bool:
 
 class LocalExecutor:
     name = "local"
-    actions = frozenset({"restart_from_checkpoint", "exclude_node"})
+    actions: frozenset[Action] = frozenset({Action.RESTART_FROM_CHECKPOINT, Action.EXCLUDE_NODE})
 
     def prepare(self, action: ActionRecord) -> dict[str, Any]:
         job_id = action.labels.get(contract.LABEL_JOB_ID, "")
         workers = _workers(job_id)
         if not workers:
             raise ExecutionError(f"no torchrun worker of job {job_id!r} runs on this host")
-        if action.action == "restart_from_checkpoint":
+        if action.action == Action.RESTART_FROM_CHECKPOINT:
             return {"targets": [[w.pid, w.create_time] for w in workers], "signal": "SIGTERM"}
         node = action.labels.get(contract.LABEL_NODE, "")
         agents = sorted({w.agent_pid for w in workers if w.node == node})

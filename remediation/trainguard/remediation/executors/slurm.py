@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainguard import contract
+from trainguard.contract import Action
 from trainguard.remediation.executors import ActionRecord, ExecutionError
 
 _RESTARTS = re.compile(r"\bRestarts=(\d+)\b")
@@ -27,7 +28,9 @@ _RESTARTS = re.compile(r"\bRestarts=(\d+)\b")
 
 class SlurmExecutor:
     name = "slurm"
-    actions = frozenset({"restart_from_checkpoint", "exclude_node", "drain_node", "annotate"})
+    actions: frozenset[Action] = frozenset(
+        {Action.RESTART_FROM_CHECKPOINT, Action.EXCLUDE_NODE, Action.DRAIN_NODE, Action.ANNOTATE}
+    )
 
     def __init__(self, scontrol: str = "scontrol", timeout: float = 60.0) -> None:
         self._scontrol = scontrol
@@ -62,25 +65,25 @@ class SlurmExecutor:
             contract.LABEL_JOB_ID, ""
         )
         snapshot: dict[str, Any] = {"job": job, "node": action.labels.get(contract.LABEL_NODE, "")}
-        if action.action in ("restart_from_checkpoint", "exclude_node"):
+        if action.action in (Action.RESTART_FROM_CHECKPOINT, Action.EXCLUDE_NODE):
             snapshot["restarts"] = self._restarts(job)
         return snapshot
 
     def execute(self, action: ActionRecord, snapshot: Mapping[str, Any]) -> dict[str, Any]:
         job, node = str(snapshot["job"]), str(snapshot["node"])
         output: dict[str, Any] = {}
-        if action.action in ("exclude_node", "drain_node"):
+        if action.action in (Action.EXCLUDE_NODE, Action.DRAIN_NODE):
             reason = f"trainguard action {action.id}: {action.alertname}"
             self._run("update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
             output["drained"] = node
-        if action.action in ("restart_from_checkpoint", "exclude_node"):
+        if action.action in (Action.RESTART_FROM_CHECKPOINT, Action.EXCLUDE_NODE):
             if self._restarts(job) > int(snapshot["restarts"]):
                 output["requeued"] = False  # an earlier attempt already requeued it
             else:
                 self._run("requeue", job)
                 output["requeued"] = True
             output["job"] = job
-        if action.action == "annotate":
+        if action.action == Action.ANNOTATE:
             comment = f"trainguard action {action.id}: {action.alertname}"
             self._run("update", f"JobId={job}", f"Comment={comment}")
             output["commented"] = job

@@ -1,0 +1,76 @@
+"""Alert rules of the ``gpu_fault`` and ``gpu_throttling`` failures: Xid errors, NVML that
+stopped answering, clocks held down. Node alerts: they name the ranks on the GPU or node."""
+
+from __future__ import annotations
+
+from trainguard import contract as c
+from trainguard.alerts.promql import EXPORTER_UP, G, N, on_scheduler_of_node
+from trainguard.alerts.rule import AlertRule, ranks_on_gpu, ranks_on_node
+from trainguard.contract import Alert, Failure, Severity
+from trainguard.thresholds import Thresholds
+
+FAILURES = (Failure.GPU_FAULT, Failure.GPU_THROTTLING)
+
+
+def _xid(t: Thresholds) -> list[AlertRule]:
+    """Critical for the hardware Xids of ``xid_critical``, warning for the others."""
+    critical = "|".join(str(x) for x in t.xid_critical)
+    xid = f"sum by ({N}, {G}, {c.LABEL_XID}) (increase({c.GPU_XID_ERRORS.name}"
+    return [
+        AlertRule(
+            alert=Alert.GPU_XID_ERROR,
+            severity=Severity.CRITICAL,
+            expr=on_scheduler_of_node(
+                f'{xid}{{{c.LABEL_XID}=~"{critical}"}}[{t.xid_window}])) > 0'
+            ),
+            summary="Critical Xid {{ $labels.xid }} on GPU {{ $labels.gpu }} of node "
+            "{{ $labels.node }}",
+            description="GPU {{ $labels.gpu }} on node {{ $labels.node }} reported Xid "
+            f"{{{{ $labels.xid }}}} in the last {t.xid_window} (hardware, driver or "
+            "interconnect fault). " + ranks_on_gpu(),
+        ),
+        AlertRule(
+            alert=Alert.GPU_XID_ERROR,
+            severity=Severity.WARNING,
+            expr=on_scheduler_of_node(
+                f'{xid}{{{c.LABEL_XID}!~"{critical}"}}[{t.xid_window}])) > 0'
+            ),
+            summary="Xid {{ $labels.xid }} on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
+            description="GPU {{ $labels.gpu }} on node {{ $labels.node }} reported Xid "
+            f"{{{{ $labels.xid }}}} in the last {t.xid_window} (often an application fault). "
+            + ranks_on_gpu(),
+        ),
+    ]
+
+
+def _thermal_throttling(t: Thresholds) -> AlertRule:
+    return AlertRule(
+        alert=Alert.GPU_THERMAL_THROTTLING,
+        severity=Severity.WARNING,
+        expr=on_scheduler_of_node(
+            f"max by ({N}, {G}) ({c.GPU_CLOCK_THROTTLED.name}"
+            f'{{{c.LABEL_REASON}=~"{t.thermal_throttle_reasons}"}}) == 1'
+        ),
+        for_=t.thermal_for,
+        summary="GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttling",
+        description="GPU {{ $labels.gpu }} on node {{ $labels.node }} has held its clocks down "
+        f"for heat or power for {t.thermal_for}; its ranks become stragglers. " + ranks_on_gpu(),
+    )
+
+
+def _nvml_down(t: Thresholds) -> AlertRule:
+    return AlertRule(
+        alert=Alert.GPU_NVML_DOWN,
+        severity=Severity.WARNING,
+        expr=on_scheduler_of_node(
+            f"max by ({N}) ({c.NVML_UP.name}) == 0\nor\nmax by ({N}) ({EXPORTER_UP}) == 0"
+        ),
+        for_=t.nvml_down_for,
+        summary="No GPU telemetry from node {{ $labels.node }}",
+        description="NVML or the trainguard exporter on node {{ $labels.node }} stopped "
+        "answering; GPU alerts of this node are silenced until it is back. " + ranks_on_node(),
+    )
+
+
+def rules(t: Thresholds) -> list[AlertRule]:
+    return [*_xid(t), _thermal_throttling(t), _nvml_down(t)]

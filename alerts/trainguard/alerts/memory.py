@@ -1,0 +1,95 @@
+"""Alert rules of the ``oom`` failure: out-of-memory errors, memory close to capacity,
+fragmentation of the caching allocator."""
+
+from __future__ import annotations
+
+from trainguard import contract as c
+from trainguard.alerts.promql import RANK, num, on_scheduler_of_job
+from trainguard.alerts.rule import WHO, AlertRule
+from trainguard.contract import Alert, Failure, Severity
+from trainguard.thresholds import Thresholds
+
+FAILURES = (Failure.OOM,)
+
+
+def _increase(t: Thresholds, counter: c.MetricSpec) -> str:
+    return f"sum by ({RANK}) (increase({counter.name}[{t.oom_window}]))"
+
+
+def _oom(t: Thresholds) -> list[AlertRule]:
+    """Critical when the OOM guard did not recover, warning when it did (by splitting)."""
+    oom = _increase(t, c.OOM_EVENTS)
+    recovered = _increase(t, c.OOM_RECOVERIES)
+    # Counted OOMs not followed by a recovery; a hook without the recovery counter counts 0.
+    unrecovered = f"{oom}\n- on ({RANK})\n({recovered} or 0 * {oom})"
+    return [
+        AlertRule(
+            alert=Alert.TRAINING_OOM,
+            severity=Severity.CRITICAL,
+            expr=on_scheduler_of_job(f"{unrecovered}\n> 0.5"),
+            summary="CUDA out of memory on rank {{ $labels.rank }} of job {{ $labels.job_id }}",
+            description="{{ $value | printf `%.0f` }} out-of-memory error(s) in the last "
+            f"{t.oom_window} on {WHO} were not recovered by the OOM guard; the step failed.",
+        ),
+        AlertRule(
+            alert=Alert.TRAINING_OOM,
+            severity=Severity.WARNING,
+            expr=on_scheduler_of_job(f"{oom} > 0.5\nunless on ({RANK})\n({unrecovered} > 0.5)"),
+            summary="Recovered out-of-memory errors on rank {{ $labels.rank }} of job "
+            "{{ $labels.job_id }}",
+            description="{{ $value | printf `%.0f` }} out-of-memory error(s) in the last "
+            f"{t.oom_window} on {WHO}; the OOM guard recovered by splitting the batch, "
+            "at a cost in throughput.",
+        ),
+    ]
+
+
+def _oom_risk(t: Thresholds) -> AlertRule:
+    """Little headroom left, or less headroom with allocations growing to the limit."""
+    headroom = c.REC_RANK_MEMORY_HEADROOM
+    growing = (
+        f"sum by ({RANK}) (predict_linear("
+        f"{c.MEMORY_ALLOCATED.name}[{t.oom_risk_predict_window}], "
+        f"{num(t.oom_risk_predict_horizon_seconds)}))\n"
+        f"    >= on ({RANK})\n    sum by ({RANK}) ({c.MEMORY_CAPACITY.name})"
+    )
+    return AlertRule(
+        alert=Alert.TRAINING_OOM_RISK,
+        severity=Severity.WARNING,
+        expr=on_scheduler_of_job(
+            f"{headroom} < {num(t.oom_risk_headroom_ratio)}\nor\n"
+            f"(\n  {headroom} < {num(t.oom_risk_predict_headroom_ratio)}\n"
+            f"  and on ({RANK})\n  (\n    {growing}\n  )\n)"
+        ),
+        for_=t.oom_risk_for,
+        summary="Memory about to run out on rank {{ $labels.rank }} of job {{ $labels.job_id }}",
+        description="Only {{ $value | humanizePercentage }} of device memory is free on "
+        f"{WHO} (below {num(t.oom_risk_headroom_ratio * 100)}%, or below "
+        f"{num(t.oom_risk_predict_headroom_ratio * 100)}% with allocations growing "
+        f"to the limit within {num(t.oom_risk_predict_horizon_seconds)}s).",
+    )
+
+
+def _fragmentation(t: Thresholds) -> AlertRule:
+    """Reserved memory holding no tensor, while the allocator has to retry."""
+    retries = (
+        f"sum by ({RANK}) (increase({c.MEMORY_ALLOC_RETRIES.name}"
+        f"[{t.fragmentation_retry_window}])) > 0"
+    )
+    return AlertRule(
+        alert=Alert.TRAINING_MEMORY_FRAGMENTATION,
+        severity=Severity.WARNING,
+        expr=on_scheduler_of_job(
+            f"max by ({RANK}) ({c.MEMORY_FRAGMENTATION.name}) > "
+            f"{num(t.fragmentation_ratio)}\nand on ({RANK})\n({retries})"
+        ),
+        for_=t.fragmentation_for,
+        summary="Fragmented GPU memory on rank {{ $labels.rank }} of job {{ $labels.job_id }}",
+        description="{{ $value | humanizePercentage }} of the memory reserved on "
+        f"{WHO} holds no tensor, and the allocator had to free its cache and retry in the "
+        f"last {t.fragmentation_retry_window}.",
+    )
+
+
+def rules(t: Thresholds) -> list[AlertRule]:
+    return [*_oom(t), _oom_risk(t), _fragmentation(t)]

@@ -1,0 +1,155 @@
+"""The recording rules: per-rank and per-job series every alert, dashboard and diagnosis reads.
+
+They run first in the one rule group, in this order (later rules read earlier ones), so every
+alert of an evaluation reads the recording rules of that same evaluation.
+"""
+
+from __future__ import annotations
+
+from trainguard import contract
+from trainguard.alerts.promql import PHASE, RANK, SCHEDULER, J, N, mean, num, quantile
+from trainguard.thresholds import Thresholds
+
+
+def one_scheduler_per(level: str, labels: str, window: str, *preferred: str) -> str:
+    """Per ``level`` value, the ``labels`` its ranks report in ``rank_info``, or no series.
+
+    Tiers, the first that has an answer wins: ranks reporting now that name a scheduler and
+    one of the ``preferred`` labels (the handle an executor needs); ranks reporting now that
+    name a scheduler; ranks that named one within ``window`` (an alert that outlives its
+    ranks keeps its labels). Within a tier, ranks that disagree give no answer at all: the
+    alert goes without the labels (to the service's default scheduler) rather than to a
+    scheduler picked at random.
+    """
+    info = contract.RANK_INFO.name
+    named = f'{contract.LABEL_SCHEDULER}!=""'
+    fresh_with_handle = " or ".join(f'{info}{{{named},{label}!=""}}' for label in preferred)
+    tiers = [
+        *([fresh_with_handle] if preferred else []),
+        f"{info}{{{named}}}",
+        f"last_over_time({info}{{{named}}}[{window}])",
+    ]
+
+    def unambiguous(selector: str) -> str:
+        answers = f"max by ({level}, {labels}) ({selector})"
+        return f"(\n  {answers}\n  and on ({level}) (count by ({level}) ({answers}) == 1)\n)"
+
+    return f"\nor on ({level})\n".join(unambiguous(tier) for tier in tiers)
+
+
+Rule = tuple[str, str]  # (record, expr)
+
+
+def _schedulers(t: Thresholds) -> list[Rule]:
+    """Where each job and node runs: the labels alerts copy for remediation's routing."""
+    c = contract
+    return [
+        (
+            c.REC_JOB_SCHEDULER,
+            one_scheduler_per(
+                J,
+                SCHEDULER,
+                t.scheduler_labels_window,
+                c.LABEL_NAMESPACE,
+                c.LABEL_SLURM_JOB_ID,
+            ),
+        ),
+        (
+            c.REC_NODE_SCHEDULER,
+            one_scheduler_per(N, c.LABEL_SCHEDULER, t.scheduler_labels_window),
+        ),
+    ]
+
+
+def _step_times(w: str) -> list[Rule]:
+    """Step, compute, sync-wait and phase times per rank, and each rank against its job's median."""
+    c = contract
+    fwd_data = f'{c.REC_RANK_PHASE_MEAN}{{{PHASE}=~"{c.Phase.DATA.value}|{c.Phase.FORWARD.value}"}}'
+    return [
+        (c.REC_RANK_STEPS_RATE, f"sum by ({RANK}) (rate({c.STEPS.name}[{w}]))"),
+        (c.REC_JOB_STEPS_RATE, f"max by ({J}) ({c.REC_RANK_STEPS_RATE})"),
+        (c.REC_RANK_STEP_DURATION_MEAN, mean(c.STEP_DURATION.name, RANK, w)),
+        (c.REC_RANK_COMPUTE_MEAN, mean(c.STEP_COMPUTE_DURATION.name, RANK, w)),
+        (c.REC_RANK_SYNC_WAIT_MEAN, mean(c.SYNC_WAIT_DURATION.name, RANK, w)),
+        (c.REC_RANK_PHASE_MEAN, mean(c.STEP_PHASE_DURATION.name, f"{RANK}, {PHASE}", w)),
+        # Compute time split by phase: data and forward as measured; backward compute is what
+        # is left of the compute time, since the backward phase also holds the wait on peers.
+        (
+            c.REC_RANK_PHASE_COMPUTE_MEAN,
+            f"{fwd_data}\nor\nlabel_replace(\n  clamp_min(\n    {c.REC_RANK_COMPUTE_MEAN}\n"
+            f"    - on ({RANK})\n    sum by ({RANK}) ({fwd_data}),\n"
+            f'    0\n  ),\n  "{PHASE}", "{c.Phase.BACKWARD.value}", "", ""\n)',
+        ),
+        (c.REC_JOB_RANKS_REPORTING, f"count by ({J}) ({c.REC_RANK_COMPUTE_MEAN})"),
+        (c.REC_JOB_COMPUTE_MEDIAN, f"quantile by ({J}) (0.5, {c.REC_RANK_COMPUTE_MEAN})"),
+        (
+            c.REC_RANK_COMPUTE_RATIO,
+            f"{c.REC_RANK_COMPUTE_MEAN}\n/ on ({J}) group_left ()\n{c.REC_JOB_COMPUTE_MEDIAN}",
+        ),
+        (
+            c.REC_JOB_PHASE_COMPUTE_MEDIAN,
+            f"quantile by ({J}, {PHASE}) (0.5, {c.REC_RANK_PHASE_COMPUTE_MEAN})",
+        ),
+        (
+            c.REC_RANK_PHASE_COMPUTE_EXCESS,
+            f"{c.REC_RANK_PHASE_COMPUTE_MEAN}\n- on ({J}, {PHASE}) group_left ()\n"
+            f"{c.REC_JOB_PHASE_COMPUTE_MEDIAN}",
+        ),
+        (
+            c.REC_RANK_DATA_WAIT_RATIO,
+            f'{c.REC_RANK_PHASE_MEAN}{{{PHASE}="{c.Phase.DATA.value}"}}\n'
+            f"/ on ({RANK})\n{c.REC_RANK_STEP_DURATION_MEAN}",
+        ),
+    ]
+
+
+def _latencies_and_memory(w: str) -> list[Rule]:
+    """Gradient sync and step time quantiles, and memory headroom."""
+    c = contract
+    return [
+        (c.REC_JOB_GRAD_SYNC_P50, quantile(0.5, c.GRAD_SYNC_DURATION.name, J, w)),
+        (c.REC_JOB_GRAD_SYNC_P99, quantile(0.99, c.GRAD_SYNC_DURATION.name, J, w)),
+        (c.REC_RANK_GRAD_SYNC_P99, quantile(0.99, c.GRAD_SYNC_DURATION.name, RANK, w)),
+        (c.REC_JOB_STEP_DURATION_P99_1H, quantile(0.99, c.STEP_DURATION.name, J, "1h")),
+        (
+            c.REC_RANK_MEMORY_HEADROOM,
+            f"1 - sum by ({RANK}) ({c.MEMORY_RESERVED.name})\n"
+            f"/ sum by ({RANK}) ({c.MEMORY_CAPACITY.name} > 0)",
+        ),
+    ]
+
+
+def _hangs(t: Thresholds) -> list[Rule]:
+    """The oldest collective in flight per job, its stall threshold and its laggard rank."""
+    c = contract
+    return [
+        (
+            c.REC_JOB_OLDEST_INFLIGHT,
+            f"max by ({J}) ({c.COLLECTIVE_OLDEST_INFLIGHT.name})",
+        ),
+        # A hang's threshold scales with the job's own step time; jobs without step history
+        # (or with NaN quantiles) fall back to the floor.
+        (
+            c.REC_JOB_STALL_THRESHOLD,
+            f"clamp_min(\n  {num(t.collective_stall_step_multiplier)} * "
+            f"{c.REC_JOB_STEP_DURATION_P99_1H} > 0,\n"
+            f"  {num(t.collective_stall_floor_seconds)}\n)\n"
+            f"or on ({J})\n(0 * {c.REC_JOB_OLDEST_INFLIGHT} + "
+            f"{num(t.collective_stall_floor_seconds)})",
+        ),
+        # The rank a hang waits for: fewest collectives launched, and among equals the one with
+        # no collective in flight (+0.5 for having one keeps launched counts dominant).
+        (
+            c.REC_JOB_COLLECTIVE_LAGGARD,
+            f"bottomk by ({J}) (\n  1,\n  sum by ({RANK}) ({c.COLLECTIVES_LAUNCHED.name})\n"
+            f"  + on ({RANK})\n  0.5 * clamp_max(sum by ({RANK}) "
+            f"({c.COLLECTIVE_INFLIGHT.name}), 1)\n)",
+        ),
+    ]
+
+
+def recording_rules(t: Thresholds) -> list[dict[str, str]]:
+    """The recording rules, in evaluation order (later rules read earlier ones)."""
+    w = t.rate_window
+    rules = [*_schedulers(t), *_step_times(w), *_latencies_and_memory(w), *_hangs(t)]
+    return [{"record": name, "expr": expr} for name, expr in rules]

@@ -1,0 +1,228 @@
+"""GPU faults (Xid and uncorrectable ECC errors, from the exporter or the kernel log) and GPU
+throttling (clocks held down for a harmful reason, while no rank is measurably slower)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainguard import contract
+from trainguard.contract import Failure
+from trainguard.diagnose.context import Context, ranks_text, runs, utc
+from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Symptom
+from trainguard.diagnose.prometheus import Series
+from trainguard.diagnose.signals import harmful_throttle_reason, increments
+from trainguard.triage.xid import lookup as xid_lookup
+
+
+@dataclass
+class Window:
+    """A GPU's clocks held down for ``what`` (a throttle reason) from ``since`` to ``until``."""
+
+    node: str
+    gpu: str
+    what: str
+    since: float
+    until: float
+
+
+def throttling(ctx: Context) -> list[Window]:
+    """Sustained throttling of any GPU of the job's nodes, for a harmful reason."""
+    out = []
+    for s in ctx.sig.throttled:
+        reason = s.label(contract.LABEL_REASON)
+        if not harmful_throttle_reason(reason, ctx.thresholds):
+            continue
+        run = runs([(t, v >= 1) for t, v in s.points], ctx.min_points)
+        if run is not None:
+            out.append(
+                Window(s.label(contract.LABEL_NODE), s.label(contract.LABEL_GPU), reason, *run)
+            )
+    return out
+
+
+def max_temperature(ctx: Context, node: str, gpu: str) -> float | None:
+    values = [
+        v
+        for s in ctx.sig.temperature
+        if s.label(contract.LABEL_NODE) == node and s.label(contract.LABEL_GPU) == gpu
+        for v in s.values()
+    ]
+    return max(values) if values else None
+
+
+# --- faults ---------------------------------------------------------------------------------
+def analyse_faults(ctx: Context) -> None:
+    """Xids and uncorrectable ECC errors; Xids from kernel logs when the exporter saw none."""
+    for s in ctx.sig.xid:
+        for t, amount in increments(s):
+            _xid(ctx, s, t, amount)
+    for s in ctx.sig.ecc:
+        if s.label(contract.LABEL_KIND) != "uncorrected":
+            continue
+        for t, amount in increments(s):
+            _ecc(ctx, s.label(contract.LABEL_NODE), s.label(contract.LABEL_GPU), t, amount)
+    if not ctx.sig.xid:
+        for finding in ctx.findings(Failure.GPU_FAULT):
+            _xid_from_log(ctx, finding.fields, finding.summary)
+
+
+def _ecc(ctx: Context, node: str, gpu: str, t: float, amount: float) -> None:
+    ranks = ctx.ranks_on_gpu(node, gpu)
+    ctx.symptom(
+        Symptom(
+            Failure.GPU_FAULT,
+            f"{amount:.0f} uncorrectable ECC error(s) on GPU {gpu} of node {node}",
+            [contract.GPU_ECC_ERRORS.name],
+            t,
+            ranks,
+            [node],
+            3,
+        ),
+        Scope(ScopeLevel.NODE, f"GPU {gpu} of node {node}", ranks, [node], [gpu]),
+    )
+    ctx.candidate(
+        Candidate(
+            "gpu_ecc_uncorrectable",
+            f"Uncorrectable ECC errors on node {node} GPU {gpu}",
+            0.9,
+            [f"{contract.GPU_ECC_ERRORS.name}{{kind=uncorrected}} +{amount:.0f} at {utc(t)}"],
+            [f"Drain node {node} and restart the job from its last checkpoint without it."],
+            [
+                "Run `dcgmi diag -r 3` before the node returns to service; RMA the "
+                "GPU if uncorrectable errors recur."
+            ],
+            {"node": node, "gpu": gpu},
+        )
+    )
+
+
+def _xid(ctx: Context, s: Series, t: float, amount: float) -> None:
+    node, gpu = s.label(contract.LABEL_NODE), s.label(contract.LABEL_GPU)
+    code = int(s.label(contract.LABEL_XID) or 0)
+    evidence = [
+        f"{contract.GPU_XID_ERRORS.name}{{node={node}, gpu={gpu}, xid={code}}} "
+        f"+{amount:.0f} at {utc(t)}"
+    ]
+    _report_xid(ctx, node, gpu, code, t, evidence, ctx.ranks_on_gpu(node, gpu))
+
+
+def _xid_from_log(ctx: Context, fields: dict[str, object], summary: str) -> None:
+    code = fields.get("xid")
+    if not isinstance(code, int):
+        return
+    host = str(fields.get("host") or "")
+    nodes = {n.split(".")[0]: n for n in ctx.sig.nodes}
+    if host and nodes and host.split(".")[0] not in nodes:
+        ctx.report.notes.append(f"ignored (not a node of this job): {summary}")
+        return
+    node = nodes.get(host.split(".")[0], host) if host else ""
+    gpu = f"PCI:{fields.get('pci', '?')}"
+    ranks = ctx.sig.ranks_on(node)
+    _report_xid(ctx, node, gpu, code, None, [f"kernel log: {summary}"], ranks)
+
+
+def _drain_advice(
+    node: str, gpu: str, code: int, drain: str, t: float | None, ranks: list[int]
+) -> str:
+    commands = (
+        f" (`scontrol update nodename={node} state=drain` / `kubectl cordon {node}`)"
+        if node
+        else ""
+    )
+    where = node or "the node whose kernel log reported it"
+    return {
+        "now": f"Drain {'node ' if commands else ''}{where} now{commands} and restart the "
+        "job from its last checkpoint without it.",
+        "after_job": f"Drain {where} when the current job ends and reset GPU {gpu}.",
+        "no": "The GPU is likely healthy: look at what "
+        + (ranks_text(ranks) if ranks else "the job")
+        + (f" ran at {utc(t)}." if t is not None else " ran."),
+    }.get(drain, f"Treat {where} as faulty and drain it until Xid {code} is known.")
+
+
+def _report_xid(
+    ctx: Context,
+    node: str,
+    gpu: str,
+    code: int,
+    t: float | None,
+    evidence: list[str],
+    ranks: list[int],
+) -> None:
+    info = xid_lookup(code)
+    for rank in ranks:
+        stopped = ctx.stopped(rank)
+        if stopped is not None:
+            evidence.append(f"rank {rank} (GPU {gpu}) stopped reporting at {utc(stopped)}")
+    drain = _drain_advice(node, gpu, code, info.drain, t, ranks)
+    node = node or "unknown"
+    severity = 3 if info.drain in ("now", "unknown", "after_job") else 2
+    ctx.symptom(
+        Symptom(
+            Failure.GPU_FAULT,
+            f"Xid {code} ({info.meaning}) on GPU {gpu} of node {node}",
+            [contract.GPU_XID_ERRORS.name if t is not None else "kernel log"],
+            t,
+            ranks,
+            [node],
+            severity,
+        ),
+        Scope(
+            ScopeLevel.NODE,
+            f"node {node}, GPU {gpu} ({ranks_text(ranks)}): a hardware fault of one GPU; "
+            "the rest of the job fails only because it waits for it",
+            ranks,
+            [node],
+            [gpu],
+        ),
+    )
+    ctx.candidate(
+        Candidate(
+            f"xid_{code}",
+            f"Xid {code} on node {node} GPU {gpu}: {info.meaning}",
+            0.95 if severity == 3 else 0.6,
+            evidence,
+            [drain],
+            [info.advice],
+            {"node": node, "gpu": gpu, "xid": code, "drain": info.drain, "ranks": ranks},
+        )
+    )
+
+
+# --- throttling -----------------------------------------------------------------------------
+def analyse_throttling(ctx: Context) -> None:
+    """GPU throttling that no straggler explains already (its ranks are not measurably slow)."""
+    if ctx.has_cause(Failure.GPU_THROTTLING.value):
+        return
+    for window in throttling(ctx):
+        ranks = ctx.ranks_on_gpu(window.node, window.gpu)
+        ctx.symptom(
+            Symptom(
+                Failure.GPU_THROTTLING,
+                f"GPU {window.gpu} of node {window.node} throttled ({window.what})",
+                [contract.GPU_CLOCK_THROTTLED.name],
+                window.since,
+                ranks,
+                [window.node],
+                1,
+            ),
+            Scope(
+                ScopeLevel.NODE,
+                f"GPU {window.gpu} of node {window.node}",
+                ranks,
+                [window.node],
+                [window.gpu],
+            ),
+        )
+        ctx.candidate(
+            Candidate(
+                Failure.GPU_THROTTLING.value,
+                f"GPU {window.gpu} of node {window.node} held its clocks down "
+                f"({window.what}); its ranks are not (yet) measurably slower",
+                0.4,
+                [f"{window.what} from {utc(window.since)} to {utc(window.until)}"],
+                [f"Check node {window.node}'s cooling and power capping."],
+                ["Keep the GpuThermalThrottling alert routed to the cluster team."],
+                {"node": window.node, "gpu": window.gpu},
+            )
+        )

@@ -1,0 +1,243 @@
+"""CUDA out of memory, explained by the memory curve of the first rank to fail before it did:
+a fragmented allocator cache, memory that grew until it ran out, or a step that never fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainguard import contract
+from trainguard.contract import EventKind, Failure
+from trainguard.diagnose.context import Context, before, between, ranks_text, seconds, utc
+from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Symptom
+from trainguard.diagnose.signals import increments
+from trainguard.triage import Finding
+
+# Diagnose's own judgements, without an alert of the same meaning in thresholds.yml: the
+# allocated memory before the OOM against the start of the OOM-risk prediction window, and
+# against the GPU's capacity.
+MEMORY_GROWTH = 1.2
+NEAR_CAPACITY = 0.85
+
+GIB = 1 << 30
+_EXPLAINED = ("memory_fragmentation", "memory_growth", "does_not_fit")
+
+
+def analyse(ctx: Context) -> None:
+    """OOMs from the counters, triage's log findings or the hook's events."""
+    sig = ctx.sig
+    ooms = {r: i for r, s in sig.oom_events.items() if (i := increments(s))}
+    log_ooms = ctx.findings(Failure.OOM)
+    event_ooms = ctx.events(EventKind.OOM.value)
+    if not (ooms or log_ooms or event_ooms):
+        return
+    ranks = sorted(ooms) or sorted({e.rank for e in event_ooms if e.rank is not None})
+    first = min((i[0][0] for i in ooms.values()), default=None)
+    ctx.oom_rank = min(ooms, key=lambda r: ooms[r][0][0]) if ooms else (ranks[0] if ranks else None)
+    everyone = len(ranks) == len(sig.ranks) and len(ranks) > 1
+    ctx.symptom(
+        Symptom(
+            Failure.OOM,
+            f"CUDA out of memory on {ranks_text(ranks)}",
+            [contract.OOM_EVENTS.name]
+            + (["CUDA OOM in logs"] if log_ooms else [])
+            + (["hook oom events"] if event_ooms else []),
+            first,
+            ranks,
+            sorted({sig.node_of(r) for r in ranks if sig.node_of(r)}),
+            3,
+        ),
+        Scope(
+            ScopeLevel.JOB,
+            "every rank ran out of memory: the model and batch do not fit this GPU",
+            ranks,
+        )
+        if everyone
+        else ctx.rank_scope(ranks, "only this process ran out of memory"),
+    )
+    # The first rank to fail explains the OOM; the others (if any) fail the same way.
+    rank = ctx.oom_rank
+    events = ooms[rank] if rank is not None and rank in ooms else []
+    memory = _memory(ctx, rank, events[0][0] if events else None)
+    _fragmentation(ctx, memory, log_ooms)
+    _growth(ctx, memory)
+    _does_not_fit(ctx, memory)
+    if not ctx.has_cause(*_EXPLAINED):
+        _unexplained(ctx, memory)
+
+
+@dataclass
+class _Memory:
+    """The failing rank's memory just before its OOM (the window's end when not counted)."""
+
+    rank: int | None
+    t_oom: float
+    counted: bool
+    allocated: float | None
+    reserved: float | None
+    capacity: float | None
+    fragmentation: float | None
+    retries: float  # allocator retries within the fragmentation alert's retry window
+    earlier: float | None  # allocated at the start of the OOM-risk prediction window
+    retry_window: float
+    growth_window: float
+
+    @property
+    def where(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else "the failing rank"
+
+    @property
+    def line(self) -> str:
+        return (
+            f"before the OOM at {utc(self.t_oom)} on {self.where}: allocated "
+            f"{(self.allocated or 0) / GIB:.1f} GiB, reserved {(self.reserved or 0) / GIB:.1f} "
+            f"GiB of {(self.capacity or 0) / GIB:.1f} GiB"
+        )
+
+    def facts(self) -> dict[str, object]:
+        return {
+            "rank": self.rank,
+            "oom_time": self.t_oom if self.counted else None,
+            "allocated_bytes": self.allocated,
+            "reserved_bytes": self.reserved,
+            "capacity_bytes": self.capacity,
+            "fragmentation_ratio": self.fragmentation,
+            "alloc_retries_before_oom": self.retries,
+        }
+
+
+def _memory(ctx: Context, rank: int | None, t_oom: float | None) -> _Memory:
+    sig, limits = ctx.sig, ctx.thresholds
+    t = t_oom if t_oom is not None else sig.end
+    retry_window = seconds(limits.fragmentation_retry_window)
+    growth_window = seconds(limits.oom_risk_predict_window)
+    if rank is None:
+        return _Memory(
+            None, t, t_oom is not None, None, None, None, None, 0, None, retry_window, growth_window
+        )
+    allocated = before(sig.allocated.get(rank), t)
+    reserved = before(sig.reserved.get(rank), t)
+    frag = before(sig.fragmentation.get(rank), t)
+    if frag is None and reserved and allocated is not None:
+        frag = (reserved - allocated) / reserved
+    retries = [
+        a
+        for when, a in (increments(sig.alloc_retries[rank]) if rank in sig.alloc_retries else [])
+        if t - retry_window <= when <= t
+    ]
+    past = between(sig.allocated.get(rank), t - growth_window, t)
+    return _Memory(
+        rank,
+        t,
+        t_oom is not None,
+        allocated,
+        reserved,
+        before(sig.capacity.get(rank), t),
+        frag,
+        sum(retries),
+        past[0] if past else None,
+        retry_window,
+        growth_window,
+    )
+
+
+def _fragmentation(ctx: Context, m: _Memory, log_ooms: list[Finding]) -> None:
+    verdicts = [f.fields.get("verdict") for f in log_ooms]
+    fragmented = (
+        m.fragmentation is not None and m.fragmentation > ctx.thresholds.fragmentation_ratio
+    )
+    if not (fragmented or "fragmentation" in verdicts):
+        return
+    evidence = [m.line]
+    if m.fragmentation is not None:
+        evidence.append(
+            f"{m.fragmentation:.0%} of reserved memory held no tensor "
+            f"({contract.MEMORY_FRAGMENTATION.name})"
+        )
+    if m.retries:
+        evidence.append(
+            f"{m.retries:.0f} allocator retries (cudaMalloc after freeing the cache) in the "
+            f"{m.retry_window / 60:g} min before "
+            f"({contract.MEMORY_ALLOC_RETRIES.name})"
+        )
+    evidence += [
+        f"log: {f.summary}" for f in log_ooms if f.fields.get("verdict") == "fragmentation"
+    ]
+    ctx.candidate(
+        Candidate(
+            "memory_fragmentation",
+            f"Fragmented allocator cache on {m.where}: the request failed although "
+            "reserved memory was largely free",
+            0.9 if m.retries or "fragmentation" in verdicts else 0.75,
+            evidence,
+            [
+                "Restart with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the "
+                "reserved-but-unallocated memory becomes usable); trainguard's OOM guard "
+                "can split the failing step into micro-batches meanwhile.",
+            ],
+            [
+                "Keep expandable_segments:True in the job's environment; avoid tensor "
+                "shapes that change every step (pad variable-length batches to buckets).",
+            ],
+            m.facts(),
+        )
+    )
+
+
+def _growth(ctx: Context, m: _Memory) -> None:
+    if not (m.allocated and m.earlier and m.allocated >= MEMORY_GROWTH * m.earlier):
+        return
+    ctx.candidate(
+        Candidate(
+            "memory_growth",
+            f"Memory held by tensors grew on {m.where} until it ran out",
+            0.7,
+            [
+                m.line,
+                f"allocated grew {m.allocated / m.earlier:.2f}x in the "
+                f"{m.growth_window / 60:g} min before "
+                f"({contract.MEMORY_ALLOCATED.name})",
+            ],
+            [
+                "Restart from the last checkpoint; look for tensors kept across steps "
+                "(losses appended without .item(), caches, growing sequence lengths)."
+            ],
+            ["Alert on TrainingOOMRisk (memory headroom trend) before it fails."],
+            m.facts(),
+        )
+    )
+
+
+def _does_not_fit(ctx: Context, m: _Memory) -> None:
+    if not (m.allocated and m.capacity and m.allocated >= NEAR_CAPACITY * m.capacity):
+        return
+    ctx.candidate(
+        Candidate(
+            "does_not_fit",
+            f"The step needs more memory than {m.where}'s GPU has",
+            0.65,
+            [m.line],
+            [
+                "Halve the micro-batch and keep the global batch with gradient "
+                "accumulation (the remediation service's split_micro_batches)."
+            ],
+            [
+                "Enable activation checkpointing, bf16, or shard parameters and "
+                "optimizer state (FSDP/ZeRO)."
+            ],
+            m.facts(),
+        )
+    )
+
+
+def _unexplained(ctx: Context, m: _Memory) -> None:
+    ctx.candidate(
+        Candidate(
+            "oom_unexplained",
+            f"Out of memory on {m.where}; the memory series do not say why",
+            0.3,
+            [m.line],
+            ["Restart from the last checkpoint with a smaller micro-batch."],
+            ["Record a memory snapshot (torch.cuda.memory._record_memory_history)."],
+            m.facts(),
+        )
+    )
