@@ -1,9 +1,10 @@
-"""The names every part of trainguard relies on.
+"""The names every part of trainguard relies on: read this module first.
 
-Metric names, label names, alert names, span names and attributes, and the event schema are
-an API: dashboards, alert rules, runbooks and users' own queries depend on them. This module
-is the only place that spells them out; everything else imports them from here (DESIGN.md,
-"Contract"). Renaming anything here needs a migration note in the README.
+Metric names, label names, alert names, span names and attributes, the event schema, and the
+vocabulary of failures and remediation actions with the catalogue that ties them together are
+an API: dashboards, alert rules, runbooks, policies and users' own queries depend on them. This
+module is the only place that spells them out; everything else imports them from here
+(docs/design.md, "Contract"). Renaming anything here needs a note in docs/migrations.md.
 
 Conventions: prefix ``trainguard_``, base units (seconds, bytes, joules, ratios in 0..1),
 ``_total`` on counters. Labels never include ``job`` (Prometheus owns it), a step number or a
