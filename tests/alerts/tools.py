@@ -66,15 +66,7 @@ def metric_names(expr: str) -> set[str]:
 def exposed_names() -> set[str]:
     """Every series name the contract's metrics produce (histograms: _bucket/_sum/_count)."""
     specs = contract.RANK_METRICS + contract.NODE_METRICS + contract.REMEDIATION_METRICS
-    names: set[str] = set()
-    for spec in specs:
-        if spec.kind is contract.MetricKind.HISTOGRAM:
-            names |= {spec.name + suffix for suffix in ("_bucket", "_sum", "_count")}
-        elif spec.kind is contract.MetricKind.INFO:
-            names.add(spec.client_name + "_info")
-        else:
-            names.add(spec.name)
-    return names
+    return {name for spec in specs for name in spec.sample_names}
 
 
 def recording_names() -> set[str]:

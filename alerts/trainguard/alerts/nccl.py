@@ -16,7 +16,7 @@ def _socket_transport_fallback(t: Thresholds) -> AlertRule:
         alert=Alert.NCCL_SOCKET_TRANSPORT_FALLBACK,
         severity=Severity.WARNING,
         expr=on_scheduler_of_node(
-            f"max by ({N}) ({c.NCCL_INFO.client_name}_info"
+            f"max by ({N}) ({c.NCCL_INFO.name}"
             f'{{{c.LABEL_TRANSPORT}=~"{t.nccl_socket_transport}"}}) == 1'
         ),
         for_=t.nccl_socket_for,

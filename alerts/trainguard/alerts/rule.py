@@ -71,7 +71,7 @@ def ranks_on_node() -> str:
 def ranks_on_gpu() -> str:
     """Annotation text naming the ranks on ``$labels.gpu`` (the exporter's process map), or
     else every rank of the node."""
-    selector = f'{contract.GPU_PROCESS_INFO.client_name}_info{{{N}="%s",{G}="%s"}}'
+    selector = f'{contract.GPU_PROCESS_INFO.name}{{{N}="%s",{G}="%s"}}'
     return (
         "{{ with query (printf `"
         + selector

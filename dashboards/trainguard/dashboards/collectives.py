@@ -10,7 +10,6 @@ from trainguard.dashboards.panels import (
     DashboardSpec,
     PanelBuilder,
     Query,
-    exposed,
     grid,
     increase,
     quantile,
@@ -104,7 +103,7 @@ def _hangs() -> list[PanelBuilder]:
             "NCCL communicators on these nodes",
             "Version, transports and interface NCCL chose; NET/Socket where "
             "InfiniBand was expected is NcclSocketTransportFallback.",
-            Query(f'{exposed(c.NCCL_INFO)}{{node=~"$node"}}'),
+            Query(f'{c.NCCL_INFO.name}{{node=~"$node"}}'),
             width=12,
         ),
         series(

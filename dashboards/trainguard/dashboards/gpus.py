@@ -9,7 +9,6 @@ from trainguard.dashboards.panels import (
     DashboardSpec,
     PanelBuilder,
     Query,
-    exposed,
     gpu_variables,
     grid,
     increase,
@@ -115,7 +114,7 @@ def _health() -> list[PanelBuilder]:
         grid(
             "Training processes on these GPUs",
             "Which job and rank runs on which GPU.",
-            Query(f"{exposed(c.GPU_PROCESS_INFO)}{{{f}}}"),
+            Query(f"{c.GPU_PROCESS_INFO.name}{{{f}}}"),
         ),
     ]
 

@@ -40,11 +40,6 @@ REMEDIATION_FILTER = 'instance=~"$instance"'
 RATE = "$__rate_interval"
 
 
-def exposed(spec: c.MetricSpec) -> str:
-    """The series name Prometheus stores for ``spec`` (info metrics gain ``_info``)."""
-    return spec.client_name + "_info" if spec.kind is c.MetricKind.INFO else spec.name
-
-
 PanelBuilder = timeseries.Panel | stat.Panel | table.Panel | heatmap.Panel
 
 
