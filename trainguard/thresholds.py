@@ -21,6 +21,16 @@ DEFAULT_PACKAGE = "trainguard.alerts"
 DEFAULT_FILE = "thresholds.yml"
 
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
+_DURATION_UNIT = {
+    "ms": 0.001,
+    "s": 1,
+    "m": 60,
+    "h": 3600,
+    "d": 86400,
+    "w": 7 * 86400,
+    "y": 365 * 86400,
+}
 
 
 class ThresholdsError(ValueError):
@@ -118,3 +128,8 @@ def default_path() -> Path:
 def load_default() -> Thresholds:
     """The packaged thresholds (what the committed rules were rendered from)."""
     return Thresholds.load(default_path())
+
+
+def duration_seconds(duration: str) -> float:
+    """A Prometheus duration of the thresholds file (``15m``, ``1h30m``) in seconds."""
+    return sum(int(n) * _DURATION_UNIT[unit] for n, unit in _DURATION_PART.findall(duration))

@@ -10,7 +10,6 @@ first rank to run out of memory, the ranks a hang waits for) in the context's na
 from __future__ import annotations
 
 import math
-import re
 import statistics
 import time
 from collections import defaultdict
@@ -24,22 +23,6 @@ from trainguard.diagnose.signals import Signals
 from trainguard.diagnose.signals import thresholds as default_thresholds
 from trainguard.thresholds import Thresholds
 from trainguard.triage import Finding
-
-_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
-_DURATION_UNIT = {
-    "ms": 0.001,
-    "s": 1,
-    "m": 60,
-    "h": 3600,
-    "d": 86400,
-    "w": 7 * 86400,
-    "y": 365 * 86400,
-}
-
-
-def seconds(duration: str) -> float:
-    """A Prometheus duration of ``thresholds.yml`` (``15m``, ``1h30m``) in seconds."""
-    return sum(int(n) * _DURATION_UNIT[unit] for n, unit in _DURATION_PART.findall(duration))
 
 
 def utc(t: float | None) -> str:

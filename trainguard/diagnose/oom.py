@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from trainguard import contract
 from trainguard.contract import EventKind, Failure
-from trainguard.diagnose.context import Context, before, between, ranks_text, seconds, utc
+from trainguard.diagnose.context import Context, before, between, ranks_text, utc
 from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Symptom
 from trainguard.diagnose.signals import increments
+from trainguard.thresholds import duration_seconds
 from trainguard.triage import Finding
 
 # Diagnose's own judgements, without an alert of the same meaning in thresholds.yml: the
@@ -108,8 +109,8 @@ class _Memory:
 def _memory(ctx: Context, rank: int | None, t_oom: float | None) -> _Memory:
     sig, limits = ctx.sig, ctx.thresholds
     t = t_oom if t_oom is not None else sig.end
-    retry_window = seconds(limits.fragmentation_retry_window)
-    growth_window = seconds(limits.oom_risk_predict_window)
+    retry_window = duration_seconds(limits.fragmentation_retry_window)
+    growth_window = duration_seconds(limits.oom_risk_predict_window)
     if rank is None:
         return _Memory(
             None, t, t_oom is not None, None, None, None, None, 0, None, retry_window, growth_window

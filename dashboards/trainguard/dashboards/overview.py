@@ -15,6 +15,7 @@ from trainguard.dashboards.panels import (
     rank_variables,
     series,
 )
+from trainguard.thresholds import load_default
 
 
 def _progress() -> list[PanelBuilder]:
@@ -51,7 +52,7 @@ def _progress() -> list[PanelBuilder]:
             "TrainingStraggler fires at the threshold line.",
             "x",
             Query(f"{c.REC_RANK_COMPUTE_RATIO}{{{f}}}", "rank {{rank}} ({{node}})"),
-            threshold=1.2,
+            threshold=load_default().straggler_factor,
         ),
     ]
 

@@ -12,6 +12,7 @@ from trainguard.dashboards.panels import (
     rank_variables,
     series,
 )
+from trainguard.thresholds import load_default
 
 
 def _who_is_slow() -> list[PanelBuilder]:
@@ -30,7 +31,7 @@ def _who_is_slow() -> list[PanelBuilder]:
             "Compute time over the job median.",
             "x",
             Query(f"{c.REC_RANK_COMPUTE_RATIO}{{{f}}}", "rank {{rank}} ({{node}})"),
-            threshold=1.2,
+            threshold=load_default().straggler_factor,
         ),
         series(
             "Excess over the median, by phase",
