@@ -1,54 +1,176 @@
-"""What trainguard's hook costs a training step, measured against plain DDP in one run.
+"""What trainguard's hook costs a training step, against the same model without it, in one run.
 
-Two gloo ranks on the CPU (this machine has 2 cores), DDP's default 25 MB buckets, a model of
-six 2048x2048 layers (about 100 MB of gradients: five buckets) and a step of a few hundred ms.
-Every variant is its own DDP replica in the same process group, and the variants run
-interleaved in blocks, round after round, so drift in the machine's load hits them all alike:
+``--model ddp`` (the default) or ``--model fsdp2``. Two gloo ranks on the CPU (this machine has
+2 cores), a model of six Linear(2048, 2048) layers and a batch of 32: wrapped in DDP (its
+default 25 MB buckets: about 100 MB of gradients in four buckets), or sharded with FSDP2
+(``init_device_mesh("cpu", (2,))``, ``fully_shard`` on each Linear and on the root
+Sequential). Every variant is its own replica in the same process group, and the variants run
+interleaved in blocks of ``--steps`` steps, the order rotated every round and the same on both
+ranks, so drift in the machine's load hits them all alike:
 
-- plain: DDP as it comes;
-- hook_floor: DDP with torch's own ``allreduce_hook`` (what any Python comm hook pays);
-- default: ``trainguard.instrument`` with its defaults (reducer timers, no comm hook);
-- per_bucket: ``per_bucket=True`` (a comm hook timing every bucket, span per bucket);
-- all: per-bucket, spans exported, /metrics served, watchdog on.
+- plain: the model as it comes (DDP, or FSDP2);
+- hook_floor (DDP only): torch's own ``allreduce_hook`` (what any Python comm hook pays);
+- default: ``trainguard.instrument`` with its defaults and ``metrics_port=-1`` (DDP: the
+  reducer's timers, no comm hook; FSDP2: the collective timeline; the watchdog on, no spans);
+- per_bucket: ``per_bucket=True`` (DDP: a comm hook timing every bucket; FSDP2 has no comm
+  hook: the worker observes every all-gather and reduce-scatter on its own instead);
+- all (DDP only): per-bucket, spans built and handed to an exporter that discards them,
+  ``/metrics`` served (never scraped), the watchdog on;
+- production: what users run: the defaults (no per_bucket) plus spans exported with
+  ``OTLPSpanExporter`` over OTLP/HTTP to a receiver in this benchmark's parent process (a
+  ThreadingHTTPServer that reads each body and answers 200 with an empty body; its request and
+  byte counts are printed, so it is visible that spans were exported), ``/metrics`` served on
+  127.0.0.1 and scraped every 15 s with Prometheus' headers (OpenMetrics, gzip), and the
+  watchdog on (dumps to a temporary folder). The scraper is a daemon thread in each rank
+  process: the rank pays the client side of every scrape as well as the server side, which in
+  production Prometheus' own process pays, so the production figure is pessimistic by that
+  much (a scrape every 15 s: little).
 
-Each variant's figure for a round is the median of its block; its ratio for the round is that
-over plain's in the same round, and the reported ratio is the median over rounds (the spread
-across rounds is printed too: on a shared 2-core machine it is wider than the targets).
-The CPU time of the whole rank process per step (every thread: training, gloo, our worker)
-is printed beside it: steadier than wall time here, and what the hook really adds.
-The added microseconds on the training thread are measured separately, on a tiny model where
-the hook's own work is not lost in the noise of a 300 ms step. The last line is
+Wall time (rank 0): each variant's figure for a round is the median step of its block; its
+ratio for the round is that over plain's in the same round, and the reported ratio is the
+median over rounds (the rounds' quartiles are printed: on a shared 2-core machine they are
+wider than the targets). Idle replicas' threads (below) take CPU from whichever block runs, a
+little more from plain's (every instrumented replica is idle then) than from an instrumented
+variant's, which leans the wall ratios slightly in the hook's favour; the CPU figures do not
+have that bias.
+
+CPU time per step, both ranks' together, two ways. "process" is the rank process's CPU time
+(every thread) during the variant's block, as this benchmark has always measured it. But the
+threads of an instrumented replica (its worker, watchdog, span exporter and ``/metrics``
+server) keep running while the other variants' blocks run, so part of their cost lands on the
+others, plain included, and cancels out of the ratio. "attributed" charges threads to their
+owners: the process CPU time of the block less that of every Python thread but the training
+thread (what remains: the training thread, gloo's C++ threads, threads that ended during the
+block), plus what the variant's own threads (those ``instrument`` started, told apart by
+listing the process's threads before and after, and the scraper for production) used during
+its own block: what they would cost a job that runs only this variant (their cost per second,
+their work per step). What an idle replica's threads use while other variants run (a worker
+that keeps waking, a watchdog that finds the last step long ago) is charged to no variant and
+printed apart ("idle ms/s"). The ``/metrics`` server answers each scrape on a thread that ends
+with the request, which per-thread clocks miss; its CPU per scrape is measured at the end
+(sequential scrapes from the idle training thread) and moved from the blocks the scrapes fell
+in to production. Thread times are per-thread CPU clocks (``pthread_getcpuclockid``). The
+``*_cpu_ratio`` figures of the last lines are medians over rounds of the per-round ratios of
+attributed CPU time.
+
+The ranks run with glibc's malloc thresholds fixed (``GLIBC_TUNABLES``, see
+:data:`MALLOC_TUNABLES`): left adaptive, whichever replica is built last faults in its
+gradients' pages afresh every step (16,000 minor page faults and some 40 ms of training-thread
+CPU per DDP step, measured), an artifact of the build order that made the last-built variant
+(production) look 15% dearer in a run here. The training thread's page faults per step are
+printed per variant. So is each instrumented replica's timing source at the end (DDP's reducer
+timers, the collective timeline, or wall clock once the hook gave the timers up).
+
+Training-thread time per step: a 300 ms step hides microseconds, so before the large model
+runs, each rank measures the hook's own work on a tiny model of the same kind in the same
+process group (DDP: Linear(16, 16); FSDP2: three ``fully_shard`` Linear(16, 16) units and the
+root): plain, default and production interleaved in many short blocks (about a second each:
+``--tiny-steps`` steps, ``--tiny-rounds`` rounds), as the training thread's own CPU time
+(``time.thread_time_ns``). Here only the variant whose block runs is instrumented: it is
+instrumented before its block (a few unmeasured steps follow) and uninstrumented after it,
+because an idle replica's worker keeps waking (every 10-100 ms, backing off to once a second)
+and would tax every other block, plain's most (plain runs with no hook in the process at all).
+The worker's processing, which in real training overlaps the GIL-free C++ of forward and
+backward, is not charged there; whatever the hook makes the training thread do is, in Python or
+in C++ (the DDP runtime statistics the hook asks DDP for), and so is what the training thread
+spends switching when the hook's threads take the GIL (the training thread's context switches
+per step are printed beside it). The figure is the median over rounds of the per-round
+difference, instrumented minus plain, of the two ranks' mean. On this machine a tiny FSDP2 step
+costs several milliseconds of Python and twenty context switches, and adjacent blocks differ by
+hundreds of microseconds: the FSDP2 figure resolves about +-100 us, not the 50 us of its
+target.
+
+The collective timeline's wraps of ``torch.distributed``'s functions are process-wide: while an
+instrumented replica exists, every collective any replica issues through those functions goes
+through the wrapper. The wrapper records into the timeline that is "current"; the hook makes
+its timeline current when its step begins and leaves it current after the step ends (so that a
+collective between steps, a metric all-reduce or a checkpoint barrier, is still recorded), so
+here plain FSDP2 replicas of the large model would record their all-gathers and reduce-scatters
+into the last instrumented replica's timeline: a cost charged to plain and collectives charged
+to the wrong replica. Before each block of an uninstrumented variant the benchmark therefore
+clears ``current``, the state of a process whose one model is instrumented, between its steps:
+the plain variants then pay what the wrapper costs with nothing to record, one attribute read
+and a Python call per collective. That is measured and printed (collectives per step through
+the wrappers x nanoseconds per idle call): for FSDP2 a few microseconds in a step of hundreds
+of milliseconds, far under the spread of the rounds, so it does not matter. DDP's gradient
+all-reduce never reaches the wrappers (it runs in DDP's C++ reducer): plain DDP pays nothing.
+
+The last lines: for ``--model ddp``, ``ddp_thread_us=<y> production_cpu_ratio=<p>`` and then
 ``overhead_ratio=<default/plain> bucket_mode_ratio=<per_bucket/plain>
-hook_floor_ratio=<allreduce_hook/plain>``.
+hook_floor_ratio=<allreduce_hook/plain>`` (wall-time ratios); for ``--model fsdp2``,
+``fsdp2_cpu_ratio=<x> fsdp2_thread_us=<y> fsdp2_wall_ratio=<z> production_cpu_ratio=<p>``:
+attributed CPU default/plain, training-thread microseconds default minus plain on the tiny
+model, wall default/plain, attributed CPU production/plain. Defaults keep a run under about 10
+minutes here: 16 rounds for DDP, 12 for FSDP2 (its steps are slower).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.multiprocessing.spawn import start_processes
 from torch.nn.parallel import DistributedDataParallel
 
 import trainguard
+from trainguard import contract
+from trainguard.exporters.serving import PROMETHEUS_SCRAPE_ACCEPT
+from trainguard.instrumentation.timeline import INTERCEPTOR, Timeline, _signature
 
 WIDTH = 2048
 LAYERS = 6
 BATCH = 32
-VARIANTS = ("plain", "hook_floor", "default", "per_bucket", "all")
+TINY_WIDTH = 16
+TINY_BATCH = 4
+TINY_FSDP2_UNITS = 3
+MODELS = ("ddp", "fsdp2")
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "ddp": ("plain", "hook_floor", "default", "per_bucket", "all", "production"),
+    "fsdp2": ("plain", "default", "per_bucket", "production"),
+}
+TINY_VARIANTS = ("plain", "default", "production")
+UNINSTRUMENTED = frozenset({"plain", "hook_floor"})
+# Defaults per model kind: each full run stays under about 10 minutes on the 2-core machine
+# (an FSDP2 step of the large model is slower than a DDP step, and a tiny FSDP2 step costs
+# milliseconds of Python where a tiny DDP step costs a few hundred microseconds).
+DEFAULT_ROUNDS = {"ddp": 16, "fsdp2": 12}
+# The tiny model's blocks last about a second each (a tiny FSDP2 step is ~25 ms of wall time
+# here, a tiny DDP step ~3 ms): short blocks, many rounds, so drift in the load cancels.
+DEFAULT_TINY_STEPS = {"ddp": 400, "fsdp2": 40}
+DEFAULT_TINY_ROUNDS = {"ddp": 25, "fsdp2": 40}
+TINY_WARMUP_STEPS = 20
+TINY_BLOCK_WARMUP_STEPS = 5  # after instrumenting, before the block's clocks start
+SCRAPE_INTERVAL_SECONDS = 15.0
+# glibc's malloc adapts its mmap and trim thresholds as a process runs; with several replicas
+# in one process, the one built last (its gradients at the top of the heap, freed every step by
+# zero_grad(set_to_none=True) and trimmed) then faults in ~64 MB of fresh pages every step:
+# 16,000 minor faults and 40 ms more of training-thread CPU per DDP step, whichever variant it
+# is. Fixed thresholds (the largest mmap threshold glibc allows, no trimming under 1 GiB) keep
+# the build order out of the figures; each variant's page faults are printed.
+MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+SCRAPE_CALIBRATION = 5
 
 
 class DiscardingExporter(SpanExporter):
@@ -65,33 +187,181 @@ class DiscardingExporter(SpanExporter):
         return None
 
 
-def make_replica(variant: str) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+# -- the OTLP receiver (parent process) ---------------------------------------------------------
+class OtlpReceiver:
+    """A local OTLP/HTTP endpoint: reads each POST body fully and answers 200, empty body."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.bytes = 0
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                with receiver._lock:
+                    receiver.requests += 1
+                    receiver.bytes += len(body)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = int(self.server.server_address[1])
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> OtlpReceiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# -- the scraper (each rank process) ------------------------------------------------------------
+class Scraper:
+    """GETs ``/metrics`` of the production replica (``port``) every ``interval`` seconds."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.port: int | None = None
+        self.scrapes = 0
+        self.failures = 0
+        self.bytes = 0
+        self.seconds: list[float] = []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            port = self.port
+            if port is not None:
+                self.scrape(port)
+
+    def scrape(self, port: int) -> None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/metrics",
+            headers={"Accept": PROMETHEUS_SCRAPE_ACCEPT, "Accept-Encoding": "gzip"},
+        )
+        start = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                body = response.read()
+                if response.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+        except OSError:
+            self.failures += 1
+            return
+        self.seconds.append(time.perf_counter() - start)
+        self.bytes += len(body)
+        self.scrapes += 1
+
+
+# -- replicas -------------------------------------------------------------------------------------
+@dataclass
+class Replica:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    handle: Any = None
+    threads: set[int] = field(default_factory=set)  # idents of the threads it started
+
+
+@dataclass
+class Setup:
+    kind: str
+    mesh: DeviceMesh | None
+    otlp_endpoint: str
+    tmp: Path
+
+
+def build_model(setup: Setup, tiny: bool) -> nn.Module:
     torch.manual_seed(0)
-    model = DistributedDataParallel(
-        nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
-    handle = None
+    if setup.kind == "ddp":
+        layers = (
+            [nn.Linear(TINY_WIDTH, TINY_WIDTH)]
+            if tiny
+            else [nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)]
+        )
+        return DistributedDataParallel(nn.Sequential(*layers))
+    width, count = (TINY_WIDTH, TINY_FSDP2_UNITS) if tiny else (WIDTH, LAYERS)
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(count)])
+    for layer in model:
+        fully_shard(layer, mesh=setup.mesh)
+    fully_shard(model, mesh=setup.mesh)
+    return model
+
+
+def python_threads() -> set[int]:
+    return {t.ident for t in threading.enumerate() if t.ident is not None}
+
+
+def make_replica(setup: Setup, variant: str, tiny: bool) -> Replica:
+    model = build_model(setup, tiny)
+    replica = Replica(model, torch.optim.SGD(model.parameters(), lr=1e-4))
+    attach(setup, replica, variant, tiny)
+    return replica
+
+
+def attach(setup: Setup, replica: Replica, variant: str, tiny: bool) -> None:
+    """Make ``replica`` the variant: a comm hook, or ``trainguard.instrument`` (the handle and
+    the threads it started go into the replica)."""
+    model, optimizer = replica.model, replica.optimizer
+    job = f"bench-{setup.kind}{'-tiny' if tiny else ''}-{variant}"
+    before = python_threads()
     if variant == "hook_floor":
+        assert isinstance(model, DistributedDataParallel)
         model.register_comm_hook(dist.group.WORLD, allreduce_hook)
     elif variant == "default":
-        handle = trainguard.instrument(model, optimizer, job_id="bench", metrics_port=-1)
+        replica.handle = trainguard.instrument(model, optimizer, job_id=job, metrics_port=-1)
     elif variant == "per_bucket":
-        handle = trainguard.instrument(
-            model, optimizer, job_id="bench-b", metrics_port=-1, per_bucket=True
+        replica.handle = trainguard.instrument(
+            model, optimizer, job_id=job, metrics_port=-1, per_bucket=True
         )
     elif variant == "all":
-        handle = trainguard.instrument(
+        replica.handle = trainguard.instrument(
             model,
             optimizer,
-            job_id="bench-all",
+            job_id=job,
             metrics_port=0,
             metrics_addr="127.0.0.1",
             per_bucket=True,
             span_exporter=DiscardingExporter(),
-            dump_dir=Path(tempfile.mkdtemp()),
+            dump_dir=setup.tmp / job,
         )
-    return model, optimizer, handle
+    elif variant == "production":
+        replica.handle = trainguard.instrument(
+            model,
+            optimizer,
+            job_id=job,
+            metrics_port=0,
+            metrics_addr="127.0.0.1",
+            span_exporter=OTLPSpanExporter(endpoint=setup.otlp_endpoint),
+            dump_dir=setup.tmp / job,
+        )
+    # What instrument started: worker, watchdog, span processor, /metrics server (not a
+    # request thread of another replica's server that happened to be alive).
+    replica.threads = {
+        t.ident
+        for t in threading.enumerate()
+        if t.ident is not None and t.ident not in before and "process_request" not in t.name
+    }
 
 
 def step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> float:
@@ -102,75 +372,309 @@ def step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor) ->
     return time.perf_counter() - start
 
 
-def block(
-    model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, steps: int
-) -> tuple[list[float], float]:
-    """Wall time of each step, and the process's CPU time (every thread) per step."""
-    cpu = time.process_time()
-    walls = [step(model, optimizer, x) for _ in range(steps)]
-    return walls, (time.process_time() - cpu) / steps
+def enter_block(variant: str) -> None:
+    """An uninstrumented variant runs with no timeline current (see the module docstring)."""
+    if variant in UNINSTRUMENTED:
+        INTERCEPTOR.current = None
 
 
-def rank_main(rank: int, world: int, port: int, rounds: int, steps: int, out: str) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank)})
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    replicas = {variant: make_replica(variant) for variant in VARIANTS}
-    x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(rank))
-    times: dict[str, list[list[float]]] = {variant: [] for variant in VARIANTS}
-    cpu: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    for variant in VARIANTS:  # warm-up: bucket rebuild, allocator, first-iteration costs
-        model, optimizer, _ = replicas[variant]
-        for _ in range(2):
-            step(model, optimizer, x)
+def rotated(variants: Sequence[str], index: int) -> list[str]:
+    shift = index % len(variants)
+    return [*variants[shift:], *variants[:shift]]
+
+
+# -- CPU clocks -----------------------------------------------------------------------------------
+def thread_clocks() -> dict[int, int]:
+    """CPU time (ns) of every Python thread but the main (training) one."""
+    main = threading.main_thread()
+    clocks: dict[int, int] = {}
+    for thread in threading.enumerate():
+        if thread is main or thread.ident is None:
+            continue
+        try:
+            clocks[thread.ident] = time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, OverflowError):  # it ended meanwhile
+            continue
+    return clocks
+
+
+@dataclass
+class Clocks:
+    process: int
+    main: int
+    threads: dict[int, int]
+
+    @staticmethod
+    def now() -> Clocks:
+        return Clocks(time.process_time_ns(), time.thread_time_ns(), thread_clocks())
+
+    def since(self, earlier: Clocks) -> tuple[int, int, dict[int, int]]:
+        """(process, training thread, each Python thread present both times) CPU ns between."""
+        threads = {
+            ident: max(0, ns - earlier.threads[ident])
+            for ident, ns in self.threads.items()
+            if ident in earlier.threads
+        }
+        return self.process - earlier.process, self.main - earlier.main, threads
+
+
+# -- the tiny model: training-thread time ---------------------------------------------------------
+def tiny_phase(
+    setup: Setup, scraper: Scraper, rounds: int, steps: int, rank: int
+) -> dict[str, Any]:
+    """Training-thread time per step on the tiny model. Only the variant whose block runs is
+    instrumented (before its block, removed after it): an idle instrumented replica's worker
+    keeps waking every few milliseconds after steps this short, and would tax every other
+    block, plain's most. Plain runs with no instrumentation in the process at all."""
+    replicas = {variant: make_replica(setup, "plain", tiny=True) for variant in TINY_VARIANTS}
+    x = torch.randn(TINY_BATCH, TINY_WIDTH, generator=torch.Generator().manual_seed(rank))
+    for replica in replicas.values():
+        for _ in range(TINY_WARMUP_STEPS):
+            step(replica.model, replica.optimizer, x)
+    probe = replicas["default"]
+    attach(setup, probe, "default", tiny=True)
+    collectives = count_collectives(replicas["plain"], probe.handle, x)
+    probe.handle.uninstrument()
+    probe.handle = None
+    thread_us: dict[str, list[float]] = {variant: [] for variant in TINY_VARIANTS}
+    wall_us: dict[str, list[float]] = {variant: [] for variant in TINY_VARIANTS}
+    switches: dict[str, list[float]] = {variant: [] for variant in TINY_VARIANTS}
+    sources: dict[str, str] = {}
+    dropped = 0.0
     for round_index in range(rounds):
-        # Rotate the order every round; both ranks use the same order.
-        order = VARIANTS[round_index % len(VARIANTS) :] + VARIANTS[: round_index % len(VARIANTS)]
-        for variant in order:
-            model, optimizer, _ = replicas[variant]
-            walls, cpu_per_step = block(model, optimizer, x, steps)
+        for variant in rotated(TINY_VARIANTS, round_index):
+            replica = replicas[variant]
+            model, optimizer = replica.model, replica.optimizer
+            attach(setup, replica, variant, tiny=True)
+            handle = replica.handle
+            if variant == "production":
+                scraper.port = handle.metrics_port
+            for _ in range(TINY_BLOCK_WARMUP_STEPS):
+                step(model, optimizer, x)
+            switched = context_switches()
+            wall = time.perf_counter_ns()
+            cpu = time.thread_time_ns()
+            for _ in range(steps):
+                optimizer.zero_grad(set_to_none=True)
+                model(x).square().mean().backward()
+                optimizer.step()
+            thread_us[variant].append((time.thread_time_ns() - cpu) / steps / 1000)
+            wall_us[variant].append((time.perf_counter_ns() - wall) / steps / 1000)
+            switches[variant].append((context_switches() - switched) / steps)
+            if handle is not None:
+                scraper.port = None
+                handle.force_flush_spans()
+                sources[variant] = str(handle.timing_source.value)
+                dropped += (
+                    handle.registry.get_sample_value(
+                        contract.SPANS_DROPPED.name, handle.identity.labels()
+                    )
+                    or 0.0
+                )
+                handle.uninstrument()
+                replica.handle = None
+        if rank == 0:
+            print(f"tiny round {round_index + 1}/{rounds} done", file=sys.stderr, flush=True)
+    return {
+        "timing_sources": sources,
+        "thread_us": thread_us,
+        "wall_us": wall_us,
+        "switches": switches,
+        "steps": steps,
+        "collectives": collectives,
+        "spans_dropped": dropped,
+    }
+
+
+def timing_sources(replicas: dict[str, Replica]) -> dict[str, str]:
+    """Where each instrumented replica's compute time comes from by now (DDP's reducer timers,
+    the collective timeline, or wall clock once the timers were given up on)."""
+    return {
+        variant: str(replica.handle.timing_source.value)
+        for variant, replica in replicas.items()
+        if replica.handle is not None
+    }
+
+
+def context_switches() -> int:
+    """The calling thread's context switches so far, voluntary and not (Linux)."""
+    try:
+        status = Path("/proc/thread-self/status").read_text()
+    except OSError:
+        return 0
+    return sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
+
+
+def count_collectives(plain: Replica, instrumented: Any, x: torch.Tensor) -> int:
+    """Collectives one plain step issues through the wrapped torch.distributed functions."""
+    probe = Timeline(instrumented.errors)
+    INTERCEPTOR.current = probe
+    step(plain.model, plain.optimizer, x)
+    INTERCEPTOR.current = None
+    return len(probe.entries) + probe.overflow
+
+
+def idle_wrapper_ns(calls: int = 200_000) -> float:
+    """What a wrapped torch.distributed function costs with no timeline current, per call."""
+    signature = _signature("all_reduce", "all_reduce", "tensor")
+    assert signature is not None
+
+    def original(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    wrapped = INTERCEPTOR._wrapper("all_reduce", signature, original)
+    saved, INTERCEPTOR.current = INTERCEPTOR.current, None
+    tensor = torch.zeros(1)
+    best = []
+    try:
+        for function in (original, wrapped):
+            samples = []
+            for _ in range(5):
+                start = time.thread_time_ns()
+                for _ in range(calls):
+                    function(tensor, group=None)
+                samples.append((time.thread_time_ns() - start) / calls)
+            best.append(min(samples))
+    finally:
+        INTERCEPTOR.current = saved
+    return best[1] - best[0]
+
+
+# -- the large model: step time and CPU -----------------------------------------------------------
+def large_phase(
+    setup: Setup, scraper: Scraper, rounds: int, steps: int, rank: int
+) -> dict[str, Any]:
+    variants = VARIANTS[setup.kind]
+    replicas = {variant: make_replica(setup, variant, tiny=False) for variant in variants}
+    replicas["production"].threads.add(scraper.thread.ident or 0)
+    scraper.port = replicas["production"].handle.metrics_port
+    x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(rank))
+    for variant in variants:  # warm-up: bucket rebuild, lazy init, allocator, first iterations
+        enter_block(variant)
+        replica = replicas[variant]
+        for _ in range(2):
+            step(replica.model, replica.optimizer, x)
+    collectives = count_collectives(replicas["plain"], replicas["default"].handle, x)
+    owned = {ident: v for v, replica in replicas.items() for ident in replica.threads}
+    times: dict[str, list[list[float]]] = {variant: [] for variant in variants}
+    # Per block, seconds of CPU per step: the whole process; the process less every Python
+    # thread but the training thread; the variant's own threads. Scrapes during the block.
+    process_cpu: dict[str, list[float]] = {variant: [] for variant in variants}
+    foreground: dict[str, list[float]] = {variant: [] for variant in variants}
+    own: dict[str, list[float]] = {variant: [] for variant in variants}
+    scrapes: dict[str, list[int]] = {variant: [] for variant in variants}
+    # The training thread's minor page faults per step (see MALLOC_TUNABLES).
+    faults: dict[str, list[float]] = {variant: [] for variant in variants}
+    # What each replica's threads use while other variants' blocks run (ns, and seconds).
+    idle_ns = dict.fromkeys(variants, 0)
+    idle_s = dict.fromkeys(variants, 0.0)
+    unowned_ns = 0
+    for round_index in range(rounds):
+        for variant in rotated(variants, round_index):
+            replica = replicas[variant]
+            enter_block(variant)
+            scrapes_before = scraper.scrapes
+            faults_before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+            wall = time.perf_counter()
+            before = Clocks.now()
+            walls = [step(replica.model, replica.optimizer, x) for _ in range(steps)]
+            process, _, threads = Clocks.now().since(before)
+            wall = time.perf_counter() - wall
+            faults_after = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+            faults[variant].append((faults_after - faults_before) / steps)
             times[variant].append(walls)
-            cpu[variant].append(cpu_per_step)
+            scrapes[variant].append(scraper.scrapes - scrapes_before)
+            process_cpu[variant].append(process / steps / 1e9)
+            foreground[variant].append((process - sum(threads.values())) / steps / 1e9)
+            mine = 0
+            for ident, ns in threads.items():
+                owner = owned.get(ident)
+                if owner == variant:
+                    mine += ns
+                elif owner is None:
+                    unowned_ns += ns
+                else:
+                    idle_ns[owner] += ns
+            own[variant].append(mine / steps / 1e9)
+            for other in variants:
+                if other != variant:
+                    idle_s[other] += wall
         if rank == 0:
             print(f"round {round_index + 1}/{rounds} done", file=sys.stderr, flush=True)
-    plain_model = replicas["plain"][0]
-    assert isinstance(plain_model, DistributedDataParallel)
-    sizes = plain_model._get_ddp_logging_data()["rebuilt_bucket_sizes"]
-    buckets = len(str(sizes).split(","))
-    for _, _, handle in replicas.values():
-        if handle is not None:
-            handle.uninstrument()
-    if rank == 0:
-        Path(out).write_text(json.dumps({"times": times, "cpu": cpu, "buckets": buckets}))
+    production = replicas["production"].handle
+    scraper.port = None
+    server_ns = scrape_server_ns(scraper, production.metrics_port)
+    production.force_flush_spans()
+    dropped = production.registry.get_sample_value(
+        contract.SPANS_DROPPED.name, production.identity.labels()
+    )
+    buckets = 0
+    plain_model = replicas["plain"].model
+    if isinstance(plain_model, DistributedDataParallel):
+        sizes = plain_model._get_ddp_logging_data()["rebuilt_bucket_sizes"]
+        buckets = len(str(sizes).split(","))
+    sources = timing_sources(replicas)
+    for replica in replicas.values():
+        if replica.handle is not None:
+            replica.handle.uninstrument()
+    return {
+        "timing_sources": sources,
+        "times": times,
+        "process_cpu": process_cpu,
+        "foreground": foreground,
+        "own": own,
+        "scrapes": scrapes,
+        "faults": faults,
+        "idle_ms_per_s": {v: idle_ns[v] / 1e6 / max(idle_s[v], 1e-9) for v in variants},
+        "scrape_server_ns": server_ns,
+        "unowned_ms": unowned_ns / 1e6,
+        "collectives": collectives,
+        "buckets": buckets,
+        "spans_dropped": dropped or 0.0,
+    }
+
+
+def scrape_server_ns(scraper: Scraper, port: int) -> float:
+    """CPU per scrape of the /metrics server's request thread (it ends with the request, so
+    per-thread clocks miss it): scrapes from this idle thread, less what every live thread
+    used."""
+    before = Clocks.now()
+    for _ in range(SCRAPE_CALIBRATION):
+        scraper.scrape(port)
+    process, main, threads = Clocks.now().since(before)
+    return max(0.0, (process - main - sum(threads.values())) / SCRAPE_CALIBRATION)
+
+
+def rank_main(rank: int, world: int, port: int, settings: dict[str, Any], out_dir: str) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank)})
+    # Tracing only where the benchmark asks for it.
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        os.environ.pop(name, None)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    kind = settings["model"]
+    mesh = init_device_mesh("cpu", (world,)) if kind == "fsdp2" else None
+    scraper = Scraper(settings["scrape_interval"])
+    scraper.start()
+    with tempfile.TemporaryDirectory() as tmp:
+        setup = Setup(kind, mesh, settings["otlp_endpoint"], Path(tmp))
+        tiny = tiny_phase(setup, scraper, settings["tiny_rounds"], settings["tiny_steps"], rank)
+        large = large_phase(setup, scraper, settings["rounds"], settings["steps"], rank)
+    scraper.stop()
+    result = {
+        "tiny": tiny,
+        "large": large,
+        "idle_wrapper_ns": idle_wrapper_ns(),
+        "scrapes": scraper.scrapes,
+        "scrape_failures": scraper.failures,
+        "scrape_ms": 1e3 * statistics.median(scraper.seconds) if scraper.seconds else 0.0,
+        "scrape_bytes": scraper.bytes / max(1, scraper.scrapes),
+    }
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
-def training_thread_cost(iterations: int) -> float:
-    """Added µs per step of the hook's training-thread work, on a model too small to hide it.
-
-    Counted in the training thread's own CPU time, so the worker thread's processing (which
-    in real training overlaps the GIL-free C++ of forward and backward) is not charged here.
-    """
-    model = nn.Linear(4, 4)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    x = torch.zeros(1, 4)
-
-    def loop() -> float:
-        start = time.thread_time_ns()
-        for _ in range(iterations):
-            model(x)
-            optimizer.step()
-        return (time.thread_time_ns() - start) / iterations / 1000
-
-    samples_plain, samples_hooked = [], []
-    for _ in range(5):
-        samples_plain.append(loop())
-        handle = trainguard.instrument(model, optimizer, job_id="micro", metrics_port=-1)
-        samples_hooked.append(loop())
-        handle.uninstrument()
-    return statistics.median(samples_hooked) - statistics.median(samples_plain)
-
-
+# -- the parent: run, then report ------------------------------------------------------------------
 def free_port() -> int:
     import socket
 
@@ -179,51 +683,234 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def quartiles(values: Sequence[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
+
+def per_round_ratios(values: dict[str, list[float]], variant: str) -> list[float]:
+    return [a / b for a, b in zip(values[variant], values["plain"], strict=True)]
+
+
+def summed(per_rank: Sequence[Sequence[float]]) -> list[float]:
+    """Element-wise sum over ranks."""
+    return [sum(values) for values in zip(*per_rank, strict=True)]
+
+
+def attributed_cpu(large: dict[str, Any], variant: str, steps: int) -> list[float]:
+    """One rank's attributed CPU seconds per step, round by round (see the docstring).
+
+    A scrape's server side runs on a thread that ends with the request, so it stays in the
+    foreground of whichever block it fell in: taken out of other variants' blocks, it is left
+    in production's.
+    """
+    server_s = large["scrape_server_ns"] / 1e9
+    return [
+        fg + mine - (0.0 if variant == "production" else scraped * server_s / steps)
+        for fg, mine, scraped in zip(
+            large["foreground"][variant],
+            large["own"][variant],
+            large["scrapes"][variant],
+            strict=True,
+        )
+    ]
+
+
+def describe_sources(per_rank: Iterable[dict[str, str]]) -> str:
+    ranks = list(per_rank)
+    return ", ".join(
+        f"{variant} {' / '.join(sources[variant] for sources in ranks)}" for variant in ranks[0]
+    )
+
+
+def report_tiny(kind: str, tinies: Sequence[dict[str, Any]]) -> float:
+    """Print the tiny model's training-thread figures (each round's figure is the mean of the
+    ranks'); return the median over rounds of default minus plain (µs per step)."""
+    ranks = len(tinies)
+    thread = {
+        v: [x / ranks for x in summed([t["thread_us"][v] for t in tinies])] for v in TINY_VARIANTS
+    }
+    wall = {
+        v: [x / ranks for x in summed([t["wall_us"][v] for t in tinies])] for v in TINY_VARIANTS
+    }
+    switches = {
+        v: [x / ranks for x in summed([t["switches"][v] for t in tinies])] for v in TINY_VARIANTS
+    }
+    rounds = len(thread["plain"])
+    print(
+        f"training thread, tiny {kind} model ({rounds} rounds x {tinies[0]['steps']} steps, "
+        f"thread CPU time, mean of the ranks): plain "
+        f"{statistics.median(thread['plain']):.1f} us/step (wall "
+        f"{statistics.median(wall['plain']):.1f} us, "
+        f"{statistics.median(switches['plain']):.2f} context switches), "
+        f"{tinies[0]['collectives']} collectives per step through torch.distributed"
+    )
+    added: dict[str, float] = {}
+    for variant in TINY_VARIANTS[1:]:
+        diffs = [a - b for a, b in zip(thread[variant], thread["plain"], strict=True)]
+        added[variant] = statistics.median(diffs)
+        low, high = quartiles(diffs)
+        wall_diff = statistics.median(
+            a - b for a, b in zip(wall[variant], wall["plain"], strict=True)
+        )
+        print(
+            f"  {variant:>10}: {added[variant]:+.1f} us/step on the training thread "
+            f"(rounds' quartiles {low:+.1f}..{high:+.1f}); wall {wall_diff:+.1f} us/step; "
+            f"{statistics.median(switches[variant]):.2f} context switches per step"
+        )
+    dropped = sum(t["spans_dropped"] for t in tinies)
+    print(
+        f"  production spans dropped (tiny model, both ranks): {dropped:.0f}; timing source "
+        f"at the end (rank 0 / rank 1): {describe_sources(t['timing_sources'] for t in tinies)}"
+    )
+    return added["default"]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=16, help="interleaved rounds")
+    parser.add_argument("--model", choices=MODELS, default="ddp", help="DDP or FSDP2")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (ddp 16, fsdp2 12)")
     parser.add_argument("--steps", type=int, default=4, help="steps per variant per round")
+    parser.add_argument("--tiny-rounds", type=int, help="tiny model's rounds (ddp 25, fsdp2 40)")
+    parser.add_argument(
+        "--tiny-steps", type=int, help="tiny model's steps per block (ddp 400, fsdp2 40)"
+    )
+    parser.add_argument(
+        "--scrape-interval", type=float, default=SCRAPE_INTERVAL_SECONDS, help="seconds"
+    )
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "times.json")
+    kind: str = args.model
+    variants = VARIANTS[kind]
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc." not in tunables:  # the ranks inherit it (spawn starts new interpreters)
+        os.environ["GLIBC_TUNABLES"] = (
+            f"{tunables}:{MALLOC_TUNABLES}" if tunables else MALLOC_TUNABLES
+        )
+    with tempfile.TemporaryDirectory() as tmp, OtlpReceiver() as receiver:
+        settings = {
+            "model": kind,
+            "rounds": args.rounds or DEFAULT_ROUNDS[kind],
+            "steps": args.steps,
+            "tiny_rounds": args.tiny_rounds or DEFAULT_TINY_ROUNDS[kind],
+            "tiny_steps": args.tiny_steps or DEFAULT_TINY_STEPS[kind],
+            "scrape_interval": args.scrape_interval,
+            "otlp_endpoint": f"http://127.0.0.1:{receiver.port}/v1/traces",
+        }
         entry: Callable[..., None] = rank_main
         start_processes(
             entry,
-            args=(2, free_port(), args.rounds, args.steps, out),
+            args=(2, free_port(), settings, tmp),
             nprocs=2,
             join=True,
             start_method="spawn",
         )
-        result = json.loads(Path(out).read_text())
-    times: dict[str, list[list[float]]] = result["times"]
-    block_medians = {v: [statistics.median(block) for block in times[v]] for v in VARIANTS}
-    ratios = {
-        v: [b / p for b, p in zip(block_medians[v], block_medians["plain"], strict=True)]
-        for v in VARIANTS
+        results = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = len(results)
+    larges = [result["large"] for result in results]
+    large = larges[0]
+    rounds, steps = settings["rounds"], settings["steps"]
+    # Wall time: rank 0's steps (the ranks wait for each other at every collective).
+    times: dict[str, list[list[float]]] = large["times"]
+    block_medians = {v: [statistics.median(block) for block in times[v]] for v in variants}
+    wall_ratios = {v: per_round_ratios(block_medians, v) for v in variants}
+    wall_ratio = {v: statistics.median(r) for v, r in wall_ratios.items()}
+    medians = {v: statistics.median(s for block in times[v] for s in block) for v in variants}
+    # CPU time: both ranks' together, round by round (printed per rank: the mean).
+    process_rounds = {v: summed([lg["process_cpu"][v] for lg in larges]) for v in variants}
+    process = {v: statistics.median(process_rounds[v]) / ranks for v in variants}
+    process_ratio = {v: statistics.median(per_round_ratios(process_rounds, v)) for v in variants}
+    attributed = {v: summed([attributed_cpu(lg, v, steps) for lg in larges]) for v in variants}
+    cpu_ratios = {v: per_round_ratios(attributed, v) for v in variants}
+    cpu_ratio = {v: statistics.median(r) for v, r in cpu_ratios.items()}
+    own = {v: statistics.median(summed([lg["own"][v] for lg in larges])) / ranks for v in variants}
+    idle = {v: sum(lg["idle_ms_per_s"][v] for lg in larges) / ranks for v in variants}
+    faults = {
+        v: statistics.median(summed([lg["faults"][v] for lg in larges])) / ranks for v in variants
     }
-    ratio = {v: statistics.median(r) for v, r in ratios.items()}
-    medians = {v: statistics.median(s for block in times[v] for s in block) for v in VARIANTS}
-    cpu = {v: statistics.median(result["cpu"][v]) for v in VARIANTS}
-    print(f"model: {LAYERS}x Linear({WIDTH},{WIDTH}), batch {BATCH}, {result['buckets']} buckets")
-    print(f"{args.rounds} rounds x {args.steps} steps per variant, interleaved")
-    for variant in VARIANTS:
-        quartiles = statistics.quantiles(ratios[variant], n=4) if args.rounds > 1 else [0, 0, 0]
+    if kind == "ddp":
         print(
-            f"{variant:>10}: median step {medians[variant] * 1e3:8.2f} ms   "
-            f"ratio {ratio[variant]:.4f} (rounds' quartiles {quartiles[0]:.3f}..{quartiles[2]:.3f})"
-            f"   CPU/step {cpu[variant] * 1e3:7.1f} ms (ratio {cpu[variant] / cpu['plain']:.4f})"
+            f"model: DDP, {LAYERS}x Linear({WIDTH},{WIDTH}), batch {BATCH}, "
+            f"{large['buckets']} buckets"
         )
-    per_step_us = training_thread_cost(20000)
-    per_bucket_us = (
-        (ratio["per_bucket"] - ratio["hook_floor"]) * medians["plain"] * 1e6 / result["buckets"]
-    )
-    print(f"training-thread work added per step: {per_step_us:.2f} us (measured on a tiny model)")
-    print(f"per-bucket mode over the hook floor: {per_bucket_us:.1f} us per bucket (from medians)")
+    else:
+        print(
+            f"model: FSDP2, {LAYERS}x Linear({WIDTH},{WIDTH}), batch {BATCH}, fully_shard "
+            f"on each layer and the root"
+        )
+    print(f"{rounds} rounds x {steps} steps per variant, interleaved; CPU ms per step and rank")
     print(
-        f"overhead_ratio={ratio['default']:.4f} "
-        f"bucket_mode_ratio={ratio['per_bucket']:.4f} "
-        f"hook_floor_ratio={ratio['hook_floor']:.4f}"
+        f"{'':>10}  {'step ms':>8}  {'wall ratio (quartiles)':>23}  {'CPU process':>11} "
+        f"{'(ratio)':>8}  {'CPU attributed':>14} {'ratio (quartiles)':>23}  "
+        f"{'own threads':>11}  {'idle ms/s':>9}  {'faults':>6}"
     )
+    for v in variants:
+        w_low, w_high = quartiles(wall_ratios[v])
+        c_low, c_high = quartiles(cpu_ratios[v])
+        print(
+            f"{v:>10}  {medians[v] * 1e3:8.2f}  "
+            f"{wall_ratio[v]:7.4f} ({w_low:.3f}..{w_high:.3f})  "
+            f"{process[v] * 1e3:11.1f} ({process_ratio[v]:.4f})  "
+            f"{statistics.median(attributed[v]) / ranks * 1e3:14.1f} "
+            f"{cpu_ratio[v]:7.4f} ({c_low:.3f}..{c_high:.3f})  "
+            f"{own[v] * 1e3:11.2f}  {idle[v]:9.2f}  {faults[v]:6.0f}"
+        )
+    print(
+        "  process: every thread of the rank during the block (what other variants' idle "
+        "threads do lands here too); attributed: the process less every Python thread but "
+        "the training thread, plus the variant's own threads during its block ('own "
+        "threads': worker, watchdog, span export, /metrics server, production's scraper); "
+        "'idle ms/s': what its threads use per second of other variants' blocks, charged to "
+        "no variant; 'faults': the training thread's minor page faults per step "
+        f"(GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']})"
+    )
+    scrapes = sum(result["scrapes"] for result in results)
+    failures = sum(result["scrape_failures"] for result in results)
+    server_ms = [lg["scrape_server_ns"] / 1e6 for lg in larges]
+    print(
+        f"/metrics scrapes of the production replicas: {scrapes} ({failures} failed), median "
+        f"{results[0]['scrape_ms']:.1f} ms and {results[0]['scrape_bytes'] / 1024:.1f} KiB "
+        f"each on rank 0; server CPU per scrape "
+        f"{' / '.join(f'{ms:.2f}' for ms in server_ms)} ms (ranks); CPU of threads owned by "
+        f"no replica during blocks: {sum(lg['unowned_ms'] for lg in larges):.1f} ms in all"
+    )
+    print(
+        f"OTLP receiver (parent process, both ranks): {receiver.requests} requests, "
+        f"{receiver.bytes / 1024:.1f} KiB; production spans dropped (large model, both "
+        f"ranks): {sum(lg['spans_dropped'] for lg in larges):.0f}"
+    )
+    print(
+        "timing source at the end (rank 0 / rank 1): "
+        + describe_sources(lg["timing_sources"] for lg in larges)
+    )
+    wrap_ns = results[0]["idle_wrapper_ns"]
+    print(
+        f"timeline wraps, idle: {large['collectives']} collectives per step x "
+        f"{wrap_ns:.0f} ns per call = {large['collectives'] * wrap_ns / 1e3:.2f} us per "
+        f"step that the plain variants pay while an instrumented replica exists"
+    )
+    thread_us = report_tiny(kind, [result["tiny"] for result in results])
+    if kind == "ddp":
+        per_bucket_us = (
+            (wall_ratio["per_bucket"] - wall_ratio["hook_floor"])
+            * medians["plain"]
+            * 1e6
+            / max(1, large["buckets"])
+        )
+        print(f"per-bucket mode over the hook floor: {per_bucket_us:.1f} us per bucket (medians)")
+        print(f"ddp_thread_us={thread_us:.2f} production_cpu_ratio={cpu_ratio['production']:.4f}")
+        print(
+            f"overhead_ratio={wall_ratio['default']:.4f} "
+            f"bucket_mode_ratio={wall_ratio['per_bucket']:.4f} "
+            f"hook_floor_ratio={wall_ratio['hook_floor']:.4f}"
+        )
+    else:
+        print(
+            f"fsdp2_cpu_ratio={cpu_ratio['default']:.4f} fsdp2_thread_us={thread_us:.2f} "
+            f"fsdp2_wall_ratio={wall_ratio['default']:.4f} "
+            f"production_cpu_ratio={cpu_ratio['production']:.4f}"
+        )
 
 
 if __name__ == "__main__":

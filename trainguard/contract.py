@@ -46,9 +46,33 @@ LABEL_NRANKS = "nranks"
 LABEL_CHANNELS = "channels"
 LABEL_TREES = "trees"
 LABEL_COMM_ID = "comm_id"
+LABEL_PARALLELISM = "parallelism"
+LABEL_TIMING_SOURCE = "timing_source"
 
 # Labels every training-rank series carries; they identify the process.
 RANK_IDENTITY_LABELS: tuple[str, ...] = (LABEL_JOB_ID, LABEL_RANK, LABEL_LOCAL_RANK, LABEL_NODE)
+
+
+class Parallelism(str, enum.Enum):
+    """How the instrumented model is parallelised (``rank_info{parallelism}``), detected by
+    the hook from the model it is given."""
+
+    DDP = "ddp"  # DistributedDataParallel
+    FSDP2 = "fsdp2"  # torch.distributed.fsdp.fully_shard
+    FSDP1 = "fsdp1"  # torch.distributed.fsdp.FullyShardedDataParallel
+    NONE = "none"  # a plain module (its collectives, if any, are the training loop's own)
+
+
+class TimingSource(str, enum.Enum):
+    """Where a rank's compute / sync-wait split comes from (``rank_info{timing_source}``).
+
+    Anything but ``wall_clock`` separates waiting on peers from local work; ``wall_clock``
+    is the visible fallback, where compute time includes the wait and stragglers blur.
+    """
+
+    DDP_REDUCER = "ddp_reducer"  # DDP's own reducer timers (+ the collective timeline)
+    COLLECTIVE_TIMELINE = "collective_timeline"  # the hook's per-rank collective timeline
+    WALL_CLOCK = "wall_clock"
 
 
 class Phase(str, enum.Enum):
@@ -196,6 +220,11 @@ GRAD_SYNC_DURATION = _histogram(
     "Duration of a gradient synchronisation (whole step by default, per bucket in bucket mode).",
 )
 GRAD_SYNC_BYTES = _counter("grad_sync_bytes_total", "Gradient bytes synchronised by this rank.")
+PARAM_GATHER_DURATION = _histogram(
+    "param_gather_duration_seconds",
+    "Time spent all-gathering sharded parameters (FSDP): a whole step's all-gathers by "
+    "default, one observation per FSDP unit in bucket mode.",
+)
 COLLECTIVE_INFLIGHT = _gauge(
     "collective_inflight", "Collectives of this rank launched and not yet completed."
 )
@@ -255,7 +284,14 @@ RANK_INFO = _info(
     "rank_info",
     "Static facts about this training rank: its backend, world size and device, and where the "
     "job runs (scheduler, Kubernetes namespace, Slurm job id; empty when not applicable).",
-    (LABEL_BACKEND, "world_size", "device", *SCHEDULER_LABELS),
+    (
+        LABEL_BACKEND,
+        "world_size",
+        "device",
+        LABEL_PARALLELISM,
+        LABEL_TIMING_SOURCE,
+        *SCHEDULER_LABELS,
+    ),
 )
 
 RANK_METRICS: tuple[MetricSpec, ...] = (
@@ -269,6 +305,7 @@ RANK_METRICS: tuple[MetricSpec, ...] = (
     LAST_STEP_TIMESTAMP,
     GRAD_SYNC_DURATION,
     GRAD_SYNC_BYTES,
+    PARAM_GATHER_DURATION,
     COLLECTIVE_INFLIGHT,
     COLLECTIVE_OLDEST_INFLIGHT,
     COLLECTIVE_TIMEOUTS,
@@ -660,7 +697,13 @@ SPAN_FORWARD = "trainguard.forward"
 SPAN_BACKWARD = "trainguard.backward"
 SPAN_OPTIMIZER = "trainguard.optimizer"
 SPAN_GRAD_SYNC = "trainguard.grad_sync"
-SPAN_GRAD_SYNC_BUCKET = "trainguard.grad_sync.bucket"
+SPAN_GRAD_SYNC_BUCKET = "trainguard.grad_sync.bucket"  # a DDP bucket or an FSDP unit
+SPAN_PARAM_GATHER = "trainguard.param_gather"  # a step's parameter all-gathers (FSDP)
+SPAN_PARAM_GATHER_UNIT = "trainguard.param_gather.unit"  # one all-gather, in bucket mode
+# Collectives neither syncing gradients nor gathering parameters (tensor / pipeline parallel,
+# the loop's own): one span per process group and operation per step, one per collective in
+# bucket mode.
+SPAN_COLLECTIVE = "trainguard.collective"
 
 ATTR_JOB_ID = "trainguard.job_id"
 ATTR_RANK = "trainguard.rank"
@@ -671,6 +714,10 @@ ATTR_BUCKET_INDEX = "trainguard.bucket.index"
 ATTR_BUCKET_BYTES = "trainguard.bucket.bytes"
 ATTR_BACKEND = "trainguard.backend"
 ATTR_NODE = "trainguard.node"
+ATTR_PROCESS_GROUP = "trainguard.process_group"  # bounded name (see instrumentation.timeline)
+ATTR_COLLECTIVE_OP = "trainguard.collective.op"
+ATTR_COLLECTIVE_COUNT = "trainguard.collective.count"
+ATTR_COLLECTIVE_BYTES = "trainguard.collective.bytes"
 
 EXEMPLAR_TRACE_ID = "trace_id"
 

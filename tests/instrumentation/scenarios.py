@@ -8,6 +8,7 @@ arithmetic would time the scheduler rather than the rank.
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -136,6 +137,51 @@ def spans_and_metrics(
     return result
 
 
+STRAGGLER_SERIES = (
+    "trainguard_step_duration_seconds_sum",
+    "trainguard_step_duration_seconds_count",
+    "trainguard_step_compute_duration_seconds_sum",
+    "trainguard_step_compute_duration_seconds_count",
+    "trainguard_sync_wait_duration_seconds_sum",
+)
+
+
+def step_totals(
+    handle: trainguard.Instrumentation, registry: CollectorRegistry
+) -> dict[str, float]:
+    """The step, compute and sync-wait histograms' sums and counts, once every step is in."""
+    handle.flush()
+    labels = labels_of(handle)
+    return {name: value(registry, name, labels) for name in STRAGGLER_SERIES}
+
+
+def assert_slow_rank_singled_out(
+    totals: list[dict[str, float]], slow: int, injected: float
+) -> None:
+    """What the straggler split guarantees, from every rank's :func:`step_totals` differences:
+    equal step times; the slow rank's compute the highest, above every other rank's by at least
+    half of ``injected`` (the extra seconds per step only it takes: not a ratio, since load on
+    the machine adds time to every rank alike, shrinking ratios, but cannot remove that sleep);
+    its peers waiting on it longer than it waits on them."""
+
+    def mean(total: dict[str, float], name: str) -> float:
+        return total[f"{name}_sum"] / total[f"{name}_count"]
+
+    step_means = [mean(t, "trainguard_step_duration_seconds") for t in totals]
+    compute_means = [mean(t, "trainguard_step_compute_duration_seconds") for t in totals]
+    waits = [
+        t["trainguard_sync_wait_duration_seconds_sum"] / t["trainguard_step_duration_seconds_count"]
+        for t in totals
+    ]
+    median_step = statistics.median(step_means)
+    for step_mean in step_means:
+        assert abs(step_mean - median_step) / median_step < 0.05, step_means
+    others = [value for rank, value in enumerate(compute_means) if rank != slow]
+    assert compute_means[slow] == max(compute_means), compute_means
+    assert compute_means[slow] >= max(others) + 0.5 * injected, (compute_means, injected)
+    assert waits[slow] < min(w for rank, w in enumerate(waits) if rank != slow), waits
+
+
 def straggler(
     rank: int, world: int, out: Path, slow_rank: int, steps: int, guarded: bool = False
 ) -> dict[str, Any]:
@@ -154,7 +200,6 @@ def straggler(
         metrics_port=-1,
         oom_recovery=guarded,
     )
-    labels = labels_of(handle)
 
     def run(count: int, first: int) -> None:
         if not guarded:
@@ -166,17 +211,7 @@ def straggler(
             optimizer.step()
 
     def totals() -> dict[str, float]:
-        handle.flush()
-        return {
-            name: value(registry, name, labels)
-            for name in (
-                "trainguard_step_duration_seconds_sum",
-                "trainguard_step_duration_seconds_count",
-                "trainguard_step_compute_duration_seconds_sum",
-                "trainguard_step_compute_duration_seconds_count",
-                "trainguard_sync_wait_duration_seconds_sum",
-            )
-        }
+        return step_totals(handle, registry)
 
     run(3, 0)  # warm-up: bucket rebuild, first-iteration costs
     before = totals()

@@ -295,6 +295,8 @@ def test_rank_info_says_where_the_job_runs(monkeypatch: pytest.MonkeyPatch) -> N
             backend="none",
             world_size="1",
             device="cpu",
+            parallelism="none",
+            timing_source="wall_clock",
             scheduler="slurm",
             namespace="",
             slurm_job_id="4242",

@@ -1,4 +1,5 @@
-"""Collectives: gradient sync latency (exemplars link to traces), hangs and NCCL."""
+"""Collectives: gradient sync and parameter all-gather latency (exemplars link to traces),
+hangs and NCCL."""
 
 from __future__ import annotations
 
@@ -36,6 +37,14 @@ def _gradient_sync() -> list[PanelBuilder]:
             "A rank with a much lower p99 than its peers is the one they wait for.",
             "s",
             Query(f"{c.REC_RANK_GRAD_SYNC_P99}{{{f}}}", "rank {{rank}}"),
+        ),
+        series(
+            "Parameter all-gather latency (FSDP)",
+            "p50/p99 of the time sharded jobs spend gathering parameters per step (per FSDP "
+            "unit in bucket mode); empty for DDP. Exemplars open that step's trace.",
+            "s",
+            Query(quantile(0.5, c.PARAM_GATHER_DURATION.name, f), "p50", exemplar=True),
+            Query(quantile(0.99, c.PARAM_GATHER_DURATION.name, f), "p99", exemplar=True),
         ),
         series(
             "Gradient bytes synchronised",

@@ -22,6 +22,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 
 from .errors import ErrorBudget
 from .records import BucketTiming
+from .timeline import INTERCEPTOR
 
 CommHook = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
 
@@ -64,7 +65,13 @@ class BucketTimer:
         except Exception as error:
             self._errors.record("bucket_timer", error)
             return self._hook(self._state, bucket)
-        future = self._hook(self._state, bucket)
+        # The hook's own all-reduce is this bucket's gradient sync, timed here: the collective
+        # timeline is paused so that it is not recorded a second time as another collective.
+        timeline, INTERCEPTOR.current = INTERCEPTOR.current, None
+        try:
+            future = self._hook(self._state, bucket)
+        finally:
+            INTERCEPTOR.current = timeline
         index = bucket.index()
         nbytes = buffer.numel() * buffer.element_size()
         timings = self.timings

@@ -38,6 +38,7 @@ class PendingCollectives:
     oldest_seq: int | None = None
     oldest_name: str | None = None
     oldest_timeout_seconds: float | None = None
+    oldest_group: str | None = None  # its process group, named as the timeline names it
 
 
 NOTHING_PENDING = PendingCollectives(count=0, oldest_age_seconds=0.0)
@@ -65,6 +66,15 @@ def _is_pending(entry: Mapping[str, Any]) -> bool:
     return not entry.get("retired", False) and entry.get("state") != "completed"
 
 
+def group_label(process_group: Any) -> str | None:
+    """An entry's ``process_group`` (``[name, desc]``) as the timeline names groups: the
+    description (``default_pg``, ``mesh_dp_shard``, ``tp``...), else ``pg<name>``."""
+    if not isinstance(process_group, list | tuple) or len(process_group) != 2:
+        return None
+    name, desc = (str(part) for part in process_group)
+    return desc if desc and desc != "undefined" else f"pg{name}"
+
+
 def pending_collectives(state: Mapping[str, Any], now_ns: int) -> PendingCollectives:
     """Count the pending collectives of a Flight Recorder state and find the oldest."""
     pending = [e for e in state.get("entries", []) if _is_pending(e) and not e.get("is_p2p", False)]
@@ -78,6 +88,7 @@ def pending_collectives(state: Mapping[str, Any], now_ns: int) -> PendingCollect
         oldest_seq=int(oldest["collective_seq_id"]) if "collective_seq_id" in oldest else None,
         oldest_name=str(oldest.get("profiling_name", "")) or None,
         oldest_timeout_seconds=float(timeout_ms) / 1000 if timeout_ms else None,
+        oldest_group=group_label(oldest.get("process_group")),
     )
 
 

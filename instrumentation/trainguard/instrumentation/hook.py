@@ -2,8 +2,10 @@
 
 What runs on the training thread is kept to clock reads and attribute stores: a wrapper around
 the model's ``forward`` and the optimizer's ``step`` record when each step's phases begin and
-end, and hand one record per step to the worker thread, which does everything else (metrics,
-DDP's reducer timers, memory, spans). A watchdog thread watches for stalled collectives.
+end, the collective timeline (:mod:`.timeline`) records each collective the step issues, and
+one record per step goes to the worker thread, which does everything else (metrics, DDP's
+reducer timers, memory, spans). The same hook serves DDP, FSDP2, FSDP1 and plain modules
+(:mod:`.parallel` tells them apart). A watchdog thread watches for stalled collectives.
 Everything is undone by :meth:`Instrumentation.uninstrument`, and nothing inside may crash or
 stall training (see :mod:`.errors`).
 """
@@ -30,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainguard import contract, correlation
 from trainguard.events import log_event
 
-from . import flight_recorder, tracing
+from . import flight_recorder, parallel, tracing
 from .comm_hook import BucketTimer, CommHook
 from .config import Identity, InstrumentationConfig
 from .directives import Directive, DirectiveCallback, DirectiveClient
@@ -41,6 +43,7 @@ from .oom import batch_size, memory_summary, split_batch
 from .records import StepRecord
 from .reducer import reducer_stats_supported
 from .server import MetricsEndpoint, advertised_host, serve_metrics, write_file_sd
+from .timeline import INTERCEPTOR, Timeline
 from .watchdog import CollectiveWatchdog, StepClock
 from .worker import StepWorker, log_oom
 
@@ -136,14 +139,8 @@ class Instrumentation:
         self.metrics = RankMetrics(self.registry, labels)
         self.errors = ErrorBudget(self.metrics.instrumentation_errors, labels)
         self.ddp = model if isinstance(model, DistributedDataParallel) else None
-        self.metrics.rank_info.info(
-            {
-                contract.LABEL_BACKEND: self.backend,
-                "world_size": str(self.identity.world_size),
-                "device": str(self.device),
-                **self.placement.labels(),
-            }
-        )
+        self.parallelism = parallel.detect(model)
+        self.timing_source = contract.TimingSource.WALL_CLOCK
 
         self._active = False
         self._lock = threading.Lock()
@@ -160,7 +157,8 @@ class Instrumentation:
         self._split = 1
         self._ooms_reported = 0
         self._worker: StepWorker | None = None
-        self._poke_handle: torch.utils.hooks.RemovableHandle | None = None
+        self._timeline: Timeline | None = None
+        self._ddp_sample_rate = 0  # 0: DDP's timers are not read
         self._on_directive = on_directive
         self._directives: DirectiveClient | None = None
         self._progress_collector: CollectiveProgressCollector | None = None
@@ -173,7 +171,6 @@ class Instrumentation:
         self._forward_end = 0
         self._forward_ns = 0
         self._data_ns = 0
-        self._peer_wait_ns = 0
         self._previous_end = 0
 
     # -- public -------------------------------------------------------------------------------
@@ -272,9 +269,8 @@ class Instrumentation:
             self.optimizer.__dict__.get("step") is self._wrapped_step_ref
         ):
             del self.optimizer.__dict__["step"]
-        if self._poke_handle is not None:
-            self._poke_handle.remove()
-            self._poke_handle = None
+        if self._timeline is not None:
+            INTERCEPTOR.detach(self._timeline)
         if self._bucket_timer is not None:
             self._bucket_timer.active = False
         if self.ddp is not None and reducer_stats_supported(self.ddp):
@@ -338,7 +334,11 @@ class Instrumentation:
             ready: torch.Tensor | None = None
             for index, micro in enumerate(micro_batches):
                 last = index == len(micro_batches) - 1
-                sync = contextlib.nullcontext() if last or self.ddp is None else self.ddp.no_sync()
+                sync = (
+                    contextlib.nullcontext()
+                    if last
+                    else parallel.gradient_sync_off(self.model, self.parallelism)
+                )
                 with sync:
                     try:
                         weight = batch_size(micro) / total if loss_is_mean else 1.0
@@ -400,14 +400,32 @@ class Instrumentation:
         elif self._comm_hook is not None:
             raise ValueError("comm_hook is only composed in per_bucket mode on a DDP model")
         read_reducer = None
+        roles = None
+        if self.backend != "none":
+            candidate = Timeline(self.errors)
+            if INTERCEPTOR.attach(candidate):
+                self._timeline = candidate
+                INTERCEPTOR.current = candidate
+                roles = parallel.roles(self.model, self.parallelism)
+                self.timing_source = contract.TimingSource.COLLECTIVE_TIMELINE
+            else:
+                logger.warning(
+                    "trainguard: this torch.distributed has none of the collective functions "
+                    "the timeline wraps; compute time falls back to wall-clock phases, which "
+                    "include waiting on peers"
+                )
         if self.ddp is not None and reducer_stats_supported(self.ddp):
-            self.ddp._set_ddp_runtime_logging_sample_rate(max(1, cfg.runtime_stats_every))
+            self._ddp_sample_rate = max(1, cfg.runtime_stats_every)
+            self.ddp._set_ddp_runtime_logging_sample_rate(self._ddp_sample_rate)
             read_reducer = self.ddp._get_ddp_logging_data
+            self.timing_source = contract.TimingSource.DDP_REDUCER
         elif self.ddp is not None:
+            self.timing_source = contract.TimingSource.WALL_CLOCK
             logger.warning(
                 "trainguard: this torch's DDP has no runtime timers; compute time falls back "
                 "to wall-clock phases, which include waiting on peers"
             )
+        self._publish_rank_info()
         ids = None
         if self._span_exporter is not None or cfg.resolved_tracing():
             with self.errors.guard("tracing"):
@@ -437,15 +455,11 @@ class Instrumentation:
             ids=ids,
             backend=self.backend,
             on_allocator_oom=self._on_allocator_oom,
+            roles=roles,
+            per_bucket=cfg.per_bucket,
+            on_timers_lost=self._on_timers_lost,
         )
         self._worker.start()
-        if read_reducer is not None and self.ddp is not None:
-            # DDP publishes the previous iteration's timers just before it calls the wrapped
-            # module, so a pre-hook there gives the worker a whole step to read them.
-            poke = self._worker.poke
-            self._poke_handle = self.ddp.module.register_forward_pre_hook(
-                lambda _module, _args: poke()
-            )
         self._progress_collector = CollectiveProgressCollector(
             self.identity.labels(),
             self._collective_progress,
@@ -491,6 +505,24 @@ class Instrumentation:
             outcome=contract.EventOutcome.SUCCESS,
             details={"per_bucket": cfg.per_bucket, "tracing": self._tracer_provider is not None},
         )
+
+    def _publish_rank_info(self) -> None:
+        self.metrics.rank_info.info(
+            {
+                contract.LABEL_BACKEND: self.backend,
+                "world_size": str(self.identity.world_size),
+                "device": str(self.device),
+                contract.LABEL_PARALLELISM: self.parallelism.value,
+                contract.LABEL_TIMING_SOURCE: self.timing_source.value,
+                **self.placement.labels(),
+            }
+        )
+
+    def _on_timers_lost(self) -> None:
+        """DDP's timers were given up on (worker thread): say so in ``rank_info``."""
+        self.timing_source = contract.TimingSource.WALL_CLOCK
+        with self.errors.guard("rank_info"):
+            self._publish_rank_info()
 
     def _install_bucket_timer(self, ddp: DistributedDataParallel) -> None:
         existing = ddp.__dict__.get(_BUCKET_TIMER)
@@ -586,12 +618,15 @@ class Instrumentation:
             # Without an optimizer to mark the end, a step ends where the next one begins.
             self._end_step(now, now)
         self._forward_start = now
+        if self._timeline is not None:
+            INTERCEPTOR.current = self._timeline
         if not self._previous_end:
             self._previous_end = now - self._data_ns
         self.clock.started_ns = self._previous_end
 
     def _end_step(self, optimizer_start: int, end: int) -> None:
         data_wait = self._data_ns or max(0, self._forward_start - self._previous_end)
+        collectives, overflow = self._timeline.take() if self._timeline is not None else ([], 0)
         record = StepRecord(
             step=self.clock.step,
             start_ns=self._previous_end,
@@ -601,9 +636,12 @@ class Instrumentation:
             optimizer_start_ns=optimizer_start,
             end_ns=end,
             data_wait_ns=data_wait,
-            peer_wait_ns=self._peer_wait_ns,
             buckets=self._bucket_timer.take() if self._bucket_timer is not None else [],
+            collectives=collectives,
+            collectives_overflow=overflow,
         )
+        if self._ddp_sample_rate and self._worker is not None:
+            self._follow_sample_rate(self._worker.ddp_sample_rate)
         self.clock.recent.append((end - self._previous_end) / 1e9)
         # The watchdog keeps watching between steps: a collective outside the step (a metric
         # all-reduce, a checkpoint barrier) can hang as well.
@@ -611,12 +649,19 @@ class Instrumentation:
         self.clock.step += 1
         self._previous_end = end
         self._forward_start = self._forward_end = self._forward_ns = self._data_ns = 0
-        self._peer_wait_ns = 0
         if self._worker is not None:
             try:
                 self._worker.submit(record)
             except Exception as error:
                 self.errors.record("worker", error)
+
+    def _follow_sample_rate(self, wanted: int) -> None:
+        """Time every N-th DDP iteration, as the worker can read them (see .worker)."""
+        rate = max(wanted, self.config.runtime_stats_every, 1)
+        if rate != self._ddp_sample_rate and self.ddp is not None:
+            self._ddp_sample_rate = rate
+            with self.errors.guard("reducer_stats"):
+                self.ddp._set_ddp_runtime_logging_sample_rate(rate)
 
     # -- directives from the remediation service (on the directive client's thread) ----------
     def _handle_directive(self, directive: Directive) -> None:
@@ -672,24 +717,19 @@ class Instrumentation:
             self._on_oom("backward", None)
 
     def _abandon_attempt(self) -> None:
-        """Forget a failed attempt on every rank: its gradients and DDP's expectation of a
-        backward for the synchronising forward that some ranks ran."""
+        """Forget a failed attempt on every rank: its gradients and what the wrapper expected
+        of the backward that never ran (see :func:`parallel.reset_after_failed_attempt`)."""
         self.model.zero_grad(set_to_none=True)
-        if self.ddp is not None:
-            # torch's own reset for "forward can run despite previous backward not
-            # succeeding"; it also makes every rank rebuild its buckets, in lockstep.
-            self.ddp.reducer._reset_state()
+        parallel.reset_after_failed_attempt(self.model, self.parallelism)
 
     def _any_rank_failed(self, failed: bool) -> bool:
         if self.backend == "none" or self.identity.world_size <= 1:
             return failed
-        start = time.perf_counter_ns()
+        # Through torch.distributed, so the timeline counts waiting here for a slower peer
+        # as sync wait, not as this rank's compute.
         flag = torch.tensor([1.0 if failed else 0.0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        agreed = bool(flag.item() > 0)
-        # Waiting here for a slower peer is not this rank's compute (see StepRecord).
-        self._peer_wait_ns += time.perf_counter_ns() - start
-        return agreed
+        return bool(flag.item() > 0)
 
 
 def instrument(
@@ -705,7 +745,8 @@ def instrument(
     on_directive: DirectiveCallback | None = None,
     **settings: Any,
 ) -> Instrumentation:
-    """Instrument ``model`` (a plain module or ``DistributedDataParallel``) and ``optimizer``.
+    """Instrument ``model`` and ``optimizer``: a ``DistributedDataParallel`` model, an FSDP2
+    (``fully_shard``) or FSDP1 (``FullyShardedDataParallel``) model, or a plain module.
 
     Returns the handle; calling it again on an instrumented model returns the same handle.
     ``settings`` are fields of :class:`InstrumentationConfig` (``per_bucket=True``, ...).

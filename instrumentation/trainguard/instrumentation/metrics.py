@@ -88,6 +88,7 @@ class RankMetrics:
         self.last_step_timestamp = gauge(contract.LAST_STEP_TIMESTAMP).labels(**identity)
         self.grad_sync_duration = histogram(contract.GRAD_SYNC_DURATION).labels(**identity)
         self.grad_sync_bytes = counter(contract.GRAD_SYNC_BYTES).labels(**identity)
+        self.param_gather_duration = histogram(contract.PARAM_GATHER_DURATION).labels(**identity)
         self.collective_inflight = gauge(contract.COLLECTIVE_INFLIGHT).labels(**identity)
         self.collective_oldest_inflight = gauge(contract.COLLECTIVE_OLDEST_INFLIGHT).labels(
             **identity

@@ -3,17 +3,21 @@
 Reporting is passive (the hook wraps ``forward`` and ``optimizer.step``; on CUDA the
 allocator's own ``num_ooms`` also catches OOMs in ``backward``). Recovery needs control of the
 step, so it is offered through :meth:`Instrumentation.guarded_step`: the step's batch is split
-into N micro-batches along the first dimension, all but the last run under DDP's ``no_sync``
-(gradients accumulate locally) and the last one synchronises, which gives the gradients of the
-unsplit step when the loss is a mean over the batch (each micro-batch's loss is weighted by its
-share of the batch).
+into N micro-batches along the first dimension, all but the last with gradient sync off
+(DDP's and FSDP1's ``no_sync``, FSDP2's ``set_requires_gradient_sync(False)``: gradients
+accumulate locally) and the last one synchronises, which gives the gradients of the unsplit step
+when the loss is a mean over the batch (each micro-batch's loss is weighted by its share of the
+batch). :mod:`.parallel` undoes what a failed attempt left in the wrapper.
 
 Lockstep: every rank must run the same collectives in the same order, even when only one rank
 ran out of memory. Each attempt therefore ends in one small agreement all-reduce (MAX of "I ran
 out of memory") placed after the last micro-batch's forward and before its backward — the only
-backward that communicates. If any rank failed, every rank drops the attempt and retries with
-twice as many micro-batches. An OOM inside that last, synchronising backward cannot be undone
-in lockstep (peers are already inside the gradient all-reduce); it is reported and re-raised.
+backward that communicates on DDP. If any rank failed, every rank drops the attempt and
+retries with twice as many micro-batches. An OOM inside that last, synchronising backward cannot
+be undone in lockstep (peers are already inside the gradient all-reduce); it is reported and
+re-raised. On FSDP every forward and backward also gathers parameters, so an OOM on one rank
+only leaves its peers in an all-gather it never joins (the watchdog reports the stall); an OOM
+that every rank hits on the same micro-batch, the usual case with equal shapes, is recovered.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .timeline import Collective
+
 
 @dataclass(slots=True)
 class BucketTiming:
@@ -34,10 +36,11 @@ class StepRecord:
     optimizer_start_ns: int
     end_ns: int
     data_wait_ns: int
-    # Blocked on peers outside DDP's gradient sync (guarded_step's OOM agreement), which
-    # DDP's timers count as backward compute.
-    peer_wait_ns: int = 0
     buckets: list[BucketTiming] = field(default_factory=list)
+    # The collectives issued through torch.distributed in this step's window (from the end of
+    # the previous step), and how many more did not fit (see .timeline).
+    collectives: list[Collective] = field(default_factory=list)
+    collectives_overflow: int = 0
 
     @property
     def duration_ns(self) -> int:

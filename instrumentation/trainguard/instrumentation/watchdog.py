@@ -138,14 +138,19 @@ class CollectiveWatchdog:
             self._timed_out.add(seq)
             self._metrics.collective_timeouts.inc()
             log_event(
-                f"collective {pending.oldest_name} #{seq} ran past its {timeout:.0f}s timeout",
+                f"collective {pending.oldest_name} #{seq} on process group {pending.oldest_group} "
+                f"ran past its {timeout:.0f}s timeout",
                 contract.EventKind.COLLECTIVE_TIMEOUT,
                 job_id=self._identity.job_id,
                 rank=self._identity.rank,
                 node=self._identity.node,
                 step=self._clock.step,
                 outcome=contract.EventOutcome.FAILURE,
-                details={"collective_seq_id": seq, "timeout_seconds": timeout},
+                details={
+                    "collective_seq_id": seq,
+                    "process_group": pending.oldest_group,
+                    "timeout_seconds": timeout,
+                },
             )
 
     def _on_stall(self, pending: flight_recorder.PendingCollectives) -> None:
@@ -155,7 +160,8 @@ class CollectiveWatchdog:
         self._metrics.collective_stalls.inc()
         folder = self._dump(stall_id)
         log_event(
-            f"collective {pending.oldest_name} #{pending.oldest_seq} has been in flight for "
+            f"collective {pending.oldest_name} #{pending.oldest_seq} on process group "
+            f"{pending.oldest_group} has been in flight for "
             f"{pending.oldest_age_seconds:.1f}s (threshold {self.stall_threshold():.1f}s); "
             f"Flight Recorder dumps in {folder}",
             contract.EventKind.COLLECTIVE_STALLED,
@@ -165,6 +171,7 @@ class CollectiveWatchdog:
             details={
                 "collective_seq_id": pending.oldest_seq,
                 "collective": pending.oldest_name,
+                "process_group": pending.oldest_group,
                 "age_seconds": pending.oldest_age_seconds,
                 "inflight": pending.count,
                 "dump_dir": str(folder),

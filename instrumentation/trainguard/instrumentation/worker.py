@@ -1,21 +1,30 @@
 """The worker thread: turns the training thread's raw timestamps into metrics and spans.
 
-The training thread hands over one :class:`StepRecord` per step through a queue and goes on.
-Here, off the training thread: phase and step histograms (with the step's trace id as an
-exemplar), DDP's reducer timers for the straggler signal (compute vs waiting on peers) and the
-gradient sync, memory, and the step's spans.
+The training thread appends one :class:`StepRecord` per step to an inbox and goes on; it never
+wakes this thread (a wake-up per step cost the training thread more than all its own work).
+The worker wakes on its own and does everything else: phase and step histograms (with the step's
+trace id as an exemplar), the step's collective timeline (see :mod:`.timeline`: gradient syncs,
+parameter all-gathers, time blocked on peers), DDP's reducer timers for the part of the
+gradient sync the timeline cannot see, memory, and the step's spans.
 
-DDP publishes an iteration's reducer timers at the start of the NEXT forward and overwrites
-them at the forward after that. So the training thread pokes the worker right after each
-forward (one queue put) and the worker reads the timers while that step's backward runs; they
-are matched to their step by timestamp. A step whose timers never appear (sampling, the last
-step before ``uninstrument``) is finished without them after :data:`MAX_AWAITING` steps.
+Each wake takes the GIL from the training thread, so the worker wakes as rarely as its sources
+allow: every :data:`TIMELINE_WAKE_SECONDS` when the collective timeline (or the wall clock) is
+the source, backing off to :data:`IDLE_WAKE_SECONDS` while no step arrives. DDP's reducer timers
+need more: DDP publishes an iteration's timers at the start of the NEXT forward and overwrites
+them at the next sampled iteration, so the worker wakes twice per step (between
+:data:`MIN_WAKE_SECONDS` and :data:`MAX_WAKE_SECONDS`), reads them and matches them to their
+step by timestamp. When steps are shorter than that, reading every step is impossible and DDP's
+timing every iteration would be wasted: :attr:`StepWorker.ddp_sample_rate` asks DDP to time only
+every N-th iteration, so that each one it times lasts two wakes (the compute / sync-wait split
+is then sampled). A step whose timers never appear is finished without them once
+:data:`MAX_AWAITING` newer steps have arrived.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
-import queue
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +37,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from trainguard import contract
 from trainguard.events import log_event
 
-from . import tracing
+from . import timeline, tracing
 from .config import Identity
 from .errors import ErrorBudget
 from .memory import MemorySampler
@@ -43,13 +52,19 @@ MAX_AWAITING = 3
 # whose logging data no longer parses, or clocks that no longer match): room for sampling
 # every 32 steps.
 MAX_STEPS_WITHOUT_TIMERS = 64
+# ... and reads of the timers in a row that gave nothing usable: one wake can finish many short
+# steps without timers (only the latest step's are published), which alone is no sign of loss.
+MIN_READS_WITHOUT_TIMERS = 8
+MIN_WAKE_SECONDS = 0.01
+MAX_WAKE_SECONDS = 0.1
+TIMELINE_WAKE_SECONDS = 0.1
+IDLE_WAKE_SECONDS = 1.0
 
 
 class ReducerTimersLostError(RuntimeError):
     """DDP's reducer timers stopped matching steps; compute time falls back to wall clock."""
 
 
-_READ_REDUCER = "read-reducer"
 # Reducer timestamps further than this from our own clock are not trusted for span placement
 # (e.g. device-relative timestamps); the span is then anchored on the step's own timeline.
 CLOCK_TOLERANCE_NS = 2_000_000_000
@@ -73,6 +88,9 @@ class StepWorker:
         ids: tracing.DerivedIdGenerator | None,
         backend: str,
         on_allocator_oom: Callable[[int], None],
+        roles: timeline.Roles | None = None,
+        per_bucket: bool = False,
+        on_timers_lost: Callable[[], None] | None = None,
     ) -> None:
         self._identity = identity
         self._metrics = metrics
@@ -88,6 +106,12 @@ class StepWorker:
         self._ids = ids
         self._backend = backend
         self._on_allocator_oom = on_allocator_oom
+        # None: no timeline (a single process), compute time is wall clock.
+        self._roles = roles
+        self._per_bucket = per_bucket
+        self._on_timers_lost = on_timers_lost
+        self._group_names = timeline.GroupNames()
+        self._overflow_logged = False
         # perf_counter_ns -> Unix epoch ns, fixed at start (both clocks are monotonic enough
         # over a job; spans only need to line up across ranks to NTP accuracy).
         self._epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
@@ -95,6 +119,7 @@ class StepWorker:
         self._last_iteration = -1
         self._unmatched: ReducerStats | None = None
         self._steps_without_timers = 0
+        self._reads_without_timers = 0
         self._last_alloc_retries: int | None = None
         self._last_ooms: int | None = None
         if memory is not None:
@@ -104,7 +129,13 @@ class StepWorker:
                 self._last_alloc_retries = baseline.alloc_retries
                 self._last_ooms = baseline.ooms
         self.buckets_synced = 0  # fallback collective count when the Flight Recorder is absent
-        self._queue: queue.SimpleQueue[StepRecord | str | None] = queue.SimpleQueue()
+        # The training thread appends (atomic under the GIL) and never waits or wakes anyone.
+        self._inbox: collections.deque[StepRecord] = collections.deque()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._interval = MIN_WAKE_SECONDS if read_reducer is not None else TIMELINE_WAKE_SECONDS
+        # What DDP should time: every N-th iteration (the training thread applies it).
+        self.ddp_sample_rate = 1
         self._thread = threading.Thread(target=self._run, name="trainguard-worker", daemon=True)
         # Plain counters, not an Event: the training thread's submit must not take a lock.
         self._submitted = 0
@@ -116,17 +147,13 @@ class StepWorker:
 
     def submit(self, record: StepRecord) -> None:
         self._submitted += 1
-        self._queue.put(record)
-
-    def poke(self) -> None:
-        """A forward has just published the previous iteration's reducer timers."""
-        self._submitted += 1
-        self._queue.put(_READ_REDUCER)
+        self._inbox.append(record)
 
     def stop(self) -> None:
         """Finish every queued step, then stop."""
         if self._thread.is_alive():
-            self._queue.put(None)
+            self._stopping = True
+            self._wake.set()
             self._thread.join(timeout=30)
         for record in sorted(self._awaiting.values(), key=lambda r: r.step):
             with self._errors.guard("worker"):
@@ -137,6 +164,7 @@ class StepWorker:
         """Wait until everything submitted so far has been processed (tests, shutdown)."""
         target = self._submitted
         deadline = time.monotonic() + timeout
+        self._wake.set()
         while self._processed < target:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 return False
@@ -145,49 +173,88 @@ class StepWorker:
 
     def _run(self) -> None:
         while True:
-            record = self._queue.get()
-            if record is None:
-                return
+            woken = self._wake.wait(self._interval)
+            self._wake.clear()
+            if not woken and not self._inbox and not self._awaiting:  # idle: wait longer
+                self._interval = min(IDLE_WAKE_SECONDS, self._interval * 2)
             with self._errors.guard("worker"):
-                if record is _READ_REDUCER:
-                    self._read_timers()
-                elif isinstance(record, StepRecord):
-                    self._process(record)
+                self._drain()
+            if self._stopping:
+                with self._errors.guard("worker"):
+                    self._drain()
+                return
+
+    def _drain(self) -> None:
+        """Process every step in the inbox, then sample memory and read DDP's timers (once per
+        wake: the gauges are scraped every few seconds, and the timers hold one step)."""
+        processed = False
+        while self._inbox:
+            record = self._inbox.popleft()
+            with self._errors.guard("worker"):
+                self._process(record)
             self._processed += 1
+            processed = True
+        if processed and self._memory is not None:
+            with self._errors.guard("memory"):
+                self._sample_memory()
+        if self._read_reducer is not None and self._awaiting:
+            self._read_timers()
+            self._expire()
 
     # -- per step (worker thread) ---------------------------------------------------------------
     def _process(self, record: StepRecord) -> None:
         m = self._metrics
+        duration = record.duration_ns
+        self._pace(duration)
         exemplar = {contract.EXEMPLAR_TRACE_ID: self.trace_id_hex(record.step)}
         m.steps.inc()
-        m.step_duration.observe(_seconds(record.duration_ns), exemplar)
+        m.step_duration.observe(_seconds(duration), exemplar)
         m.last_step_timestamp.set(_seconds(record.end_ns + self._epoch_offset_ns))
         m.phase_duration[contract.Phase.DATA].observe(_seconds(record.data_wait_ns))
         m.phase_duration[contract.Phase.FORWARD].observe(_seconds(record.forward_ns))
         m.phase_duration[contract.Phase.BACKWARD].observe(_seconds(record.backward_ns))
         m.phase_duration[contract.Phase.OPTIMIZER].observe(_seconds(record.optimizer_ns))
         self._observe_buckets(record, exemplar)
-        if self._memory is not None:
-            with self._errors.guard("memory"):
-                self._sample_memory()
+        self._observe_timeline(record, exemplar)
         if self._read_reducer is None:
-            self._finish_on_wall_clock(record)
+            self._finish_without_reducer(record)
             return
         self._awaiting[record.step] = record
         if self._unmatched is not None:
             with self._errors.guard("reducer_stats"):
                 self._settle(self._unmatched)
+
+    def _pace(self, step_ns: int) -> None:
+        """Set the wake interval (and DDP's sample rate) from the latest step's duration."""
+        if self._read_reducer is None:
+            self._interval = TIMELINE_WAKE_SECONDS
+            return
+        step = max(step_ns / 1e9, 1e-6)
+        self._interval = min(MAX_WAKE_SECONDS, max(MIN_WAKE_SECONDS, step / 2))
+        self.ddp_sample_rate = max(1, math.ceil(2 * self._interval / step))
+
+    def _expire(self) -> None:
+        """Finish the steps whose timers did not come in time; give the timers up when none
+        have matched for :data:`MAX_STEPS_WITHOUT_TIMERS` steps and
+        :data:`MIN_READS_WITHOUT_TIMERS` reads."""
+        if not self._awaiting:
+            return
+        newest = max(self._awaiting)
         for step in sorted(self._awaiting):
-            if step <= record.step - MAX_AWAITING:
+            if step <= newest - MAX_AWAITING:
                 self._steps_without_timers += 1
                 self._finish(self._awaiting.pop(step), None)
-        if self._steps_without_timers >= MAX_STEPS_WITHOUT_TIMERS:
-            self._give_up_timers()
+                if (
+                    self._steps_without_timers >= MAX_STEPS_WITHOUT_TIMERS
+                    and self._reads_without_timers >= MIN_READS_WITHOUT_TIMERS
+                ):
+                    self._give_up_timers()
+                    return
 
     def _give_up_timers(self) -> None:
-        """Stop waiting for timers that no longer come: from now on compute time is measured
-        like on a plain module (wall clock, which includes waiting on peers), and the loss of
-        the straggler signal is counted and logged instead of passing in silence."""
+        """Stop waiting for timers that no longer come: from now on compute time comes from
+        the collective timeline alone (on DDP that includes the gradient sync: wall clock), and
+        the loss of the straggler signal is counted, logged and shown in ``rank_info``."""
         self._read_reducer = None
         self._unmatched = None
         self._errors.record(
@@ -198,26 +265,23 @@ class StepWorker:
                 "peers (is this torch newer than trainguard knows?)"
             ),
         )
+        if self._on_timers_lost is not None:
+            self._on_timers_lost()
         for step in sorted(self._awaiting):
-            self._finish_on_wall_clock(self._awaiting.pop(step))
-
-    def _finish_on_wall_clock(self, record: StepRecord) -> None:
-        # No DDP timers (a plain module, a torch without them, timers given up on): the local
-        # work is the wall time of data + forward + backward (on DDP that includes the wait).
-        self._metrics.compute_duration.observe(
-            _seconds(record.data_wait_ns + record.forward_ns + record.backward_ns)
-        )
-        self._finish(record, None)
+            self._finish_without_reducer(self._awaiting.pop(step))
 
     def _read_timers(self) -> None:
-        if self._read_reducer is None or not self._awaiting:
-            return
         with self._errors.guard("reducer_stats"):
-            stats = parse_logging_data(self._read_reducer())
-            if stats is None or stats.iteration == self._last_iteration:
+            stats = parse_logging_data(self._read_reducer())  # type: ignore[misc]
+            if stats is None:
+                self._reads_without_timers += 1
                 return
+            if stats.iteration == self._last_iteration:
+                return  # nothing new published since the last read (sampling)
             self._last_iteration = stats.iteration
             self._settle(stats)
+            if self._unmatched is not None:
+                self._reads_without_timers += 1
 
     def _match(self, stats: ReducerStats) -> StepRecord | None:
         """The awaiting step whose forward holds the reducer's forward start."""
@@ -237,6 +301,7 @@ class StepWorker:
             return
         self._unmatched = None
         self._steps_without_timers = 0
+        self._reads_without_timers = 0
         self._finish(self._awaiting.pop(owner.step), stats)
 
     def _observe_buckets(self, record: StepRecord, exemplar: dict[str, str]) -> None:
@@ -259,6 +324,43 @@ class StepWorker:
             return milliseconds / 1000
         return None
 
+    def _by_role(self, record: StepRecord, role: timeline.Role) -> list[timeline.Collective]:
+        assert self._roles is not None
+        return [c for c in record.collectives if self._roles.of(c) is role]
+
+    def _observe_timeline(self, record: StepRecord, exemplar: dict[str, str]) -> None:
+        """Gradient syncs and parameter all-gathers from the step's collective timeline: one
+        observation per step, or one per collective (an FSDP unit) in bucket mode."""
+        if self._roles is None or not record.collectives:
+            return
+        if record.collectives_overflow and not self._overflow_logged:
+            self._overflow_logged = True
+            logger.warning(
+                "trainguard: step %d issued more than %d collectives; the timeline keeps the "
+                "first %d of each step",
+                record.step,
+                timeline.MAX_COLLECTIVES_PER_STEP,
+                timeline.MAX_COLLECTIVES_PER_STEP,
+            )
+        m = self._metrics
+        syncs = self._by_role(record, timeline.Role.GRAD_SYNC)
+        gathers = self._by_role(record, timeline.Role.PARAM_GATHER)
+        for entries, histogram in (
+            (syncs, m.grad_sync_duration),
+            (gathers, m.param_gather_duration),
+        ):
+            if not entries:
+                continue
+            durations = [_seconds(max(0, c.end_ns - c.start_ns)) for c in entries]
+            if self._per_bucket:
+                for seconds in durations:
+                    histogram.observe(seconds, exemplar)
+            else:
+                histogram.observe(sum(durations), exemplar)
+        if syncs:
+            m.grad_sync_bytes.inc(sum(c.nbytes for c in syncs))
+            self.buckets_synced += len(syncs)
+
     def _sample_memory(self) -> None:
         assert self._memory is not None
         sample = self._memory.sample()
@@ -274,15 +376,41 @@ class StepWorker:
         self._last_alloc_retries = sample.alloc_retries
         self._last_ooms = sample.ooms
 
+    def _split(self, record: StepRecord, reducer_wait_ns: int) -> tuple[int, int]:
+        """(compute, sync wait) of a step: local work, and time blocked on peers.
+
+        Blocked time is the step's blocking collectives (see :func:`timeline.blocked_ns`) plus
+        what DDP's timers say of its gradient sync. Collectives before the first forward (an
+        FSDP root's all-gather) are part of the data wait when that was not measured.
+        """
+        forward, optimizer = record.forward_start_ns, record.optimizer_start_ns
+        before = timeline.blocked_ns(record.collectives, record.start_ns, forward)
+        inside = timeline.blocked_ns(record.collectives, forward, optimizer)
+        local = record.data_wait_ns + max(0, optimizer - forward)
+        idle_before = before if record.data_wait_ns >= forward - record.start_ns else 0
+        compute = local - reducer_wait_ns - inside - idle_before
+        return max(0, compute), reducer_wait_ns + before + inside
+
+    def _finish_without_reducer(self, record: StepRecord) -> None:
+        # No DDP timers (FSDP, a plain module, a torch without them, timers given up on): the
+        # timeline's blocking collectives are the wait; without a timeline (one process), or
+        # on DDP without its timers, the local work is wall time and includes any wait.
+        if self._roles is None:
+            self._metrics.compute_duration.observe(
+                _seconds(record.data_wait_ns + record.forward_ns + record.backward_ns)
+            )
+        else:
+            compute, wait = self._split(record, 0)
+            self._metrics.compute_duration.observe(_seconds(compute))
+            self._metrics.sync_wait_duration.observe(_seconds(wait))
+        self._finish(record, None)
+
     def _finish(self, record: StepRecord, stats: ReducerStats | None) -> None:
         m = self._metrics
         if stats is not None:
-            # Local work: the whole step up to the optimizer (every micro-batch, where DDP's
-            # timers cover only the synchronising one) less the time blocked on peers.
-            before_optimizer = record.optimizer_start_ns - record.forward_start_ns
-            local = record.data_wait_ns + before_optimizer - stats.sync_wait_ns
-            m.compute_duration.observe(_seconds(max(0, local - record.peer_wait_ns)))
-            m.sync_wait_duration.observe(_seconds(stats.sync_wait_ns + record.peer_wait_ns))
+            compute, wait = self._split(record, stats.sync_wait_ns)
+            m.compute_duration.observe(_seconds(compute))
+            m.sync_wait_duration.observe(_seconds(wait))
             if not record.buckets:
                 exemplar = {contract.EXEMPLAR_TRACE_ID: self.trace_id_hex(record.step)}
                 m.grad_sync_duration.observe(_seconds(stats.comm_ns), exemplar)
@@ -367,7 +495,72 @@ class StepWorker:
                     },
                 )
                 span.end(end_time=max(b_start, b_end))
+        if self._roles is not None and record.collectives:
+            self._timeline_spans(record, stats is not None or bool(record.buckets), inside, common)
         rank_span.end(end_time=end)
+
+    def _timeline_spans(
+        self,
+        record: StepRecord,
+        ddp_synced: bool,
+        ctx: Context,
+        common: dict[str, str | int],
+    ) -> None:
+        """Spans of the step's collectives: the gradient sync and the parameter all-gathers
+        (one span each, a child per collective in bucket mode), and every other collective
+        per process group and operation (a span per collective in bucket mode)."""
+        assert self._tracer is not None
+        tracer = self._tracer
+        names = self._group_names
+
+        def describe(entries: list[timeline.Collective]) -> dict[str, str | int]:
+            return {
+                **common,
+                contract.ATTR_PROCESS_GROUP: names(entries[0].group),
+                contract.ATTR_COLLECTIVE_OP: entries[0].op,
+                contract.ATTR_COLLECTIVE_COUNT: len(entries),
+                contract.ATTR_COLLECTIVE_BYTES: sum(c.nbytes for c in entries),
+            }
+
+        def span(
+            name: str, entries: list[timeline.Collective], parent: Context, **extra: int
+        ) -> trace.Span:
+            begin = self._epoch(min(c.start_ns for c in entries))
+            finish = self._epoch(max(max(c.end_ns, c.start_ns) for c in entries))
+            made = tracer.start_span(
+                name, context=parent, start_time=begin, attributes={**describe(entries), **extra}
+            )
+            made.end(end_time=max(begin, finish))
+            return made
+
+        roles = {role: self._by_role(record, role) for role in timeline.Role}
+        grouped = (
+            (timeline.Role.GRAD_SYNC, contract.SPAN_GRAD_SYNC, contract.SPAN_GRAD_SYNC_BUCKET),
+            (
+                timeline.Role.PARAM_GATHER,
+                contract.SPAN_PARAM_GATHER,
+                contract.SPAN_PARAM_GATHER_UNIT,
+            ),
+        )
+        for role, name, unit_name in grouped:
+            entries = roles[role]
+            if not entries or (role is timeline.Role.GRAD_SYNC and ddp_synced):
+                continue
+            whole = span(name, entries, ctx)
+            if self._per_bucket:
+                whole_ctx = trace.set_span_in_context(whole)
+                for index, entry in enumerate(entries):
+                    span(unit_name, [entry], whole_ctx, **{contract.ATTR_BUCKET_INDEX: index})
+        others = roles[timeline.Role.OTHER]
+        if self._per_bucket:
+            for entry in others:
+                span(contract.SPAN_COLLECTIVE, [entry], ctx)
+            return
+        by_kind: dict[tuple[str, str], list[timeline.Collective]] = {}
+        for entry in others:
+            by_kind.setdefault((names(entry.group), entry.op), []).append(entry)
+        for entries in by_kind.values():
+            span(contract.SPAN_COLLECTIVE, entries, ctx)
 
     def _grad_sync_span(
         self,
@@ -376,7 +569,7 @@ class StepWorker:
         ctx: Context,
         common: dict[str, str | int],
     ) -> trace.Span | None:
-        """The step's gradient sync: the reducer's exact start/end when it has them."""
+        """DDP's gradient sync: the reducer's exact start/end when it has them."""
         assert self._tracer is not None
         backward_start = self._epoch(record.forward_end_ns)
         backward_end = self._epoch(record.optimizer_start_ns)

@@ -1,0 +1,249 @@
+"""The collective timeline: the wraps of torch.distributed's functions, what they record, and
+the pure functions the worker computes the straggler split from."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from prometheus_client import CollectorRegistry
+
+from trainguard.instrumentation import flight_recorder, timeline
+from trainguard.instrumentation.config import Identity
+from trainguard.instrumentation.errors import ErrorBudget
+from trainguard.instrumentation.metrics import RankMetrics
+from trainguard.instrumentation.records import StepRecord
+from trainguard.instrumentation.timeline import INTERCEPTOR, Collective, Role, Roles, Timeline
+from trainguard.instrumentation.worker import StepWorker
+
+
+def entry(start: int, end: int, *, blocking: bool = True, op: str = "all_gather") -> Collective:
+    return Collective(op, None, 64, start, end, blocking)
+
+
+def test_blocked_time_is_the_union_of_blocking_collectives_within_the_window() -> None:
+    entries = [
+        entry(10, 20),
+        entry(15, 30),  # overlaps the first: counted once
+        entry(40, 50, blocking=False),  # async: the thread did not wait in the call
+        entry(90, 120),  # runs past the window's end: clipped
+        entry(0, 5),  # before the window
+    ]
+    assert timeline.blocked_ns(entries, 8, 100) == (30 - 10) + (100 - 90)
+    assert timeline.blocked_ns([], 0, 100) == 0
+
+
+class FakeGroup:
+    def __init__(self, name: str, desc: str) -> None:
+        self.group_name = name
+        self.group_desc = desc
+
+
+def test_roles_follow_the_model_s_shard_and_replicate_groups() -> None:
+    shard, replicate, tp = (
+        FakeGroup("3", "mesh_shard"),
+        FakeGroup("1", "mesh_rep"),
+        FakeGroup("5", "tp"),
+    )
+    roles = Roles(frozenset({"3"}), frozenset({"1"}))
+
+    def role(op: str, group: Any) -> Role:
+        return roles.of(Collective(op, group, 0, 0, 0, True))
+
+    assert role("reduce_scatter", shard) is Role.GRAD_SYNC
+    assert role("all_reduce", replicate) is Role.GRAD_SYNC  # HSDP across replicas
+    assert role("all_gather", shard) is Role.PARAM_GATHER
+    assert role("all_reduce", tp) is Role.OTHER
+    assert role("all_gather", tp) is Role.OTHER
+    assert role("broadcast", shard) is Role.OTHER
+
+
+def test_group_names_are_readable_and_bounded() -> None:
+    names = timeline.GroupNames()
+    assert names(FakeGroup("7", "tp")) == "tp"
+    assert names(FakeGroup("8", "undefined")) == "pg8"
+    for index in range(100, 100 + timeline.MAX_GROUP_NAMES):
+        names(FakeGroup(str(index), f"dynamic{index}"))
+    assert names(FakeGroup("999", "one-too-many")) == timeline.OTHER_GROUP
+    assert names(FakeGroup("7", "tp")) == "tp", "groups already named keep their name"
+
+
+def test_flight_recorder_entries_name_their_group_the_same_way() -> None:
+    assert flight_recorder.group_label(["0", "default_pg"]) == "default_pg"
+    assert flight_recorder.group_label(["4", "undefined"]) == "pg4"
+    assert flight_recorder.group_label(None) is None
+    state = {
+        "entries": [
+            {
+                "collective_seq_id": 3,
+                "process_group": ["2", "mesh_dp_shard"],
+                "time_created_ns": 1,
+                "profiling_name": "gloo:all_reduce",
+            }
+        ]
+    }
+    assert flight_recorder.pending_collectives(state, 10).oldest_group == "mesh_dp_shard"
+
+
+@pytest.fixture
+def world_of_one(tmp_path: Path) -> Iterator[None]:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{tmp_path / 'store'}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def rank_metrics() -> tuple[CollectorRegistry, RankMetrics, dict[str, str]]:
+    registry = CollectorRegistry()
+    identity = Identity(job_id="job-t", rank=0, local_rank=0, world_size=1, node="n")
+    return registry, RankMetrics(registry, identity.labels()), identity.labels()
+
+
+def budget() -> tuple[ErrorBudget, CollectorRegistry, dict[str, str]]:
+    registry, metrics, labels = rank_metrics()
+    return ErrorBudget(metrics.instrumentation_errors, labels), registry, labels
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_wrapped_collectives_are_recorded_while_the_timeline_is_current() -> None:
+    original = dist.all_reduce
+    errors, _, _ = budget()
+    recorded = Timeline(errors)
+    assert INTERCEPTOR.attach(recorded)
+    try:
+        assert dist.all_reduce is not original
+        tensor = torch.ones(8)
+        dist.all_reduce(tensor)  # not current yet: passes straight through
+        assert recorded.entries == []
+        INTERCEPTOR.current = recorded
+        dist.all_reduce(tensor)
+        work = dist.all_reduce(tensor, async_op=True)
+        assert work is not None
+        work.wait()
+        dist.barrier()
+        gathered = torch.empty(8)
+        dist.all_gather_single(gathered, tensor)
+        entries, overflow = recorded.take()
+    finally:
+        INTERCEPTOR.detach(recorded)
+    assert dist.all_reduce is original, "detaching the last timeline restores torch's function"
+    assert overflow == 0
+    assert [(e.op, e.blocking, e.nbytes) for e in entries] == [
+        ("all_reduce", True, 32),
+        ("all_reduce", False, 32),
+        ("barrier", True, 0),
+        ("all_gather", True, 32),
+    ]
+    assert all(e.end_ns >= e.start_ns > 0 for e in entries), "async ends come from the future"
+    assert recorded.take() == ([], 0)
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_a_failure_while_recording_is_counted_and_the_collective_still_runs() -> None:
+    errors, registry, labels = budget()
+    recorded = Timeline(errors)
+
+    def broken(*_args: Any, **_kwargs: Any) -> None:
+        raise RuntimeError("recording broke")
+
+    recorded.record = broken  # type: ignore[method-assign]
+    assert INTERCEPTOR.attach(recorded)
+    INTERCEPTOR.current = recorded
+    try:
+        tensor = torch.ones(4)
+        dist.all_reduce(tensor)
+    finally:
+        INTERCEPTOR.detach(recorded)
+    assert torch.equal(tensor, torch.ones(4))
+    component = {**labels, "component": "timeline"}
+    assert registry.get_sample_value("trainguard_instrumentation_errors_total", component) == 1
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_the_wraps_stay_until_the_last_timeline_detaches() -> None:
+    original = dist.reduce_scatter_tensor
+    errors, _, _ = budget()
+    first, second = Timeline(errors), Timeline(errors)
+    assert INTERCEPTOR.attach(first) and INTERCEPTOR.attach(second)
+    INTERCEPTOR.detach(first)
+    assert dist.reduce_scatter_tensor is not original
+    INTERCEPTOR.detach(first)  # twice: harmless
+    INTERCEPTOR.detach(second)
+    assert dist.reduce_scatter_tensor is original
+    assert INTERCEPTOR.current is None
+
+
+def test_a_step_that_issues_too_many_collectives_keeps_the_first_and_counts_the_rest() -> None:
+    errors, _, _ = budget()
+    recorded = Timeline(errors)
+    signature = timeline._signature("all_reduce", "all_reduce", "tensor")
+    assert signature is not None
+    tensor = torch.ones(2)
+    for _ in range(timeline.MAX_COLLECTIVES_PER_STEP + 3):
+        recorded.record(signature, "all_reduce", (tensor,), {}, 1, 2, None)
+    entries, overflow = recorded.take()
+    assert (len(entries), overflow) == (timeline.MAX_COLLECTIVES_PER_STEP, 3)
+
+
+MS = 1_000_000
+
+
+def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers() -> None:
+    """The root's all-gather before the first forward falls in the (unmeasured) data wait; the
+    reduce-scatter inside backward; both are waiting on peers, not this rank's work."""
+    registry, metrics, labels = rank_metrics()
+    errors = ErrorBudget(metrics.instrumentation_errors, labels)
+    shard = FakeGroup("3", "mesh_shard")
+    worker = StepWorker(
+        identity=Identity(job_id="job-t", rank=0, local_rank=0, world_size=2, node="n"),
+        metrics=metrics,
+        errors=errors,
+        memory=None,
+        read_reducer=None,
+        tracer_provider=None,
+        ids=None,
+        backend="gloo",
+        on_allocator_oom=lambda _count: None,
+        roles=Roles(frozenset({"3"})),
+    )
+    record = StepRecord(
+        step=0,
+        start_ns=1000 * MS,
+        forward_start_ns=1100 * MS,
+        forward_end_ns=1200 * MS,
+        forward_ns=100 * MS,
+        optimizer_start_ns=1400 * MS,
+        end_ns=1450 * MS,
+        data_wait_ns=100 * MS,  # the gap since the last step: not measured by wrap_dataloader
+        collectives=[
+            Collective("all_gather", shard, 4096, 1060 * MS, 1090 * MS, True),
+            Collective("reduce_scatter", shard, 4096, 1300 * MS, 1350 * MS, True),
+        ],
+    )
+    worker.start()
+    try:
+        worker.submit(record)
+        assert worker.flush()
+    finally:
+        worker.stop()
+
+    def total(name: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    assert total("trainguard_step_compute_duration_seconds_sum") == pytest.approx(0.320)
+    assert total("trainguard_sync_wait_duration_seconds_sum") == pytest.approx(0.080)
+    assert total("trainguard_grad_sync_duration_seconds_sum") == pytest.approx(0.050)
+    assert total("trainguard_param_gather_duration_seconds_sum") == pytest.approx(0.030)
+    assert total("trainguard_grad_sync_bytes_total") == 4096
