@@ -211,7 +211,7 @@ def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers() -> No
         metrics=metrics,
         errors=errors,
         memory=None,
-        read_reducer=None,
+        ddp_timers=False,
         tracer_provider=None,
         ids=None,
         backend="gloo",

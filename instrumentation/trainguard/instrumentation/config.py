@@ -130,8 +130,7 @@ class InstrumentationConfig:
             ``TRAINGUARD_DUMP_DIR`` or ``./trainguard-dumps``.
         per_bucket: also time every gradient bucket through a comm hook (costs a Python call
             per bucket; the default reads DDP's own reducer timers instead).
-        runtime_stats_every: have DDP time at most every N-th step (1 = every step; the hook
-            samples more sparsely by itself when steps are shorter than its worker's wake-ups).
+        runtime_stats_every: read DDP's reducer timers every N steps (1 = every step).
         tracing: build OpenTelemetry spans; default on when an OTLP endpoint is configured
             (``OTEL_EXPORTER_OTLP_ENDPOINT``) or a span exporter is passed in.
         watchdog: run the collective watchdog thread.

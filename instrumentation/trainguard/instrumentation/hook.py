@@ -158,7 +158,10 @@ class Instrumentation:
         self._ooms_reported = 0
         self._worker: StepWorker | None = None
         self._timeline: Timeline | None = None
-        self._ddp_sample_rate = 0  # 0: DDP's timers are not read
+        # DDP's logging data: read once per step after its first forward (None: not read).
+        self._read_reducer: Callable[[], dict[str, Any]] | None = None
+        self._reducer_due = False
+        self._reducer_data: dict[str, Any] | None = None
         self._on_directive = on_directive
         self._directives: DirectiveClient | None = None
         self._progress_collector: CollectiveProgressCollector | None = None
@@ -233,7 +236,17 @@ class Instrumentation:
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every finished step is in the metrics (and its spans queued)."""
-        return self._worker.flush(timeout) if self._worker is not None else True
+        if self._worker is None:
+            return True
+        self._hand_over_timers()
+        return self._worker.flush(timeout)
+
+    def _hand_over_timers(self) -> None:
+        """DDP timers read at the forward of a step that has not ended are the last finished
+        step's: the worker needs them now, not when (if ever) that step ends."""
+        data, self._reducer_data = self._reducer_data, None
+        if data is not None and self._worker is not None:
+            self._worker.submit_timers(data)
 
     def force_flush_spans(self, timeout_millis: int = 10_000) -> bool:
         self.flush()
@@ -282,6 +295,7 @@ class Instrumentation:
         if self._watchdog is not None:
             self._watchdog.stop()
         if self._worker is not None:
+            self._hand_over_timers()
             self._worker.stop()
         if self._tracer_provider is not None:
             with self.errors.guard("tracing"):
@@ -399,7 +413,6 @@ class Instrumentation:
             self._install_bucket_timer(self.ddp)
         elif self._comm_hook is not None:
             raise ValueError("comm_hook is only composed in per_bucket mode on a DDP model")
-        read_reducer = None
         roles = None
         if self.backend != "none":
             candidate = Timeline(self.errors)
@@ -415,9 +428,8 @@ class Instrumentation:
                     "include waiting on peers"
                 )
         if self.ddp is not None and reducer_stats_supported(self.ddp):
-            self._ddp_sample_rate = max(1, cfg.runtime_stats_every)
-            self.ddp._set_ddp_runtime_logging_sample_rate(self._ddp_sample_rate)
-            read_reducer = self.ddp._get_ddp_logging_data
+            self.ddp._set_ddp_runtime_logging_sample_rate(max(1, cfg.runtime_stats_every))
+            self._read_reducer = self.ddp._get_ddp_logging_data
             self.timing_source = contract.TimingSource.DDP_REDUCER
         elif self.ddp is not None:
             self.timing_source = contract.TimingSource.WALL_CLOCK
@@ -450,7 +462,7 @@ class Instrumentation:
             metrics=self.metrics,
             errors=self.errors,
             memory=memory,
-            read_reducer=read_reducer,
+            ddp_timers=self._read_reducer is not None,
             tracer_provider=self._tracer_provider,
             ids=ids,
             backend=self.backend,
@@ -519,7 +531,9 @@ class Instrumentation:
         )
 
     def _on_timers_lost(self) -> None:
-        """DDP's timers were given up on (worker thread): say so in ``rank_info``."""
+        """DDP's timers were given up on (worker thread): stop reading them, say so in
+        ``rank_info``."""
+        self._read_reducer = None
         self.timing_source = contract.TimingSource.WALL_CLOCK
         with self.errors.guard("rank_info"):
             self._publish_rank_info()
@@ -590,6 +604,8 @@ class Instrumentation:
             end = time.perf_counter_ns()
             self._forward_ns += end - start
             self._forward_end = end
+            if self._reducer_due:
+                self._read_timers()
             return output
 
         self._wrapped_forward_ref = forward
@@ -613,11 +629,24 @@ class Instrumentation:
         self._wrapped_step_ref = step
         optimizer.__dict__["step"] = step
 
+    def _read_timers(self) -> None:
+        """DDP has just published the previous iteration's timers (at this forward's start):
+        take them for the worker. About 9 us, less than waking the worker to read them."""
+        self._reducer_due = False
+        read = self._read_reducer
+        if read is None:
+            return
+        try:
+            self._reducer_data = read()
+        except Exception as error:
+            self.errors.record("reducer_stats", error)
+
     def _begin_step(self, now: int) -> None:
         if self.optimizer is None and self._forward_end:
             # Without an optimizer to mark the end, a step ends where the next one begins.
             self._end_step(now, now)
         self._forward_start = now
+        self._reducer_due = self._read_reducer is not None
         if self._timeline is not None:
             INTERCEPTOR.current = self._timeline
         if not self._previous_end:
@@ -639,9 +668,9 @@ class Instrumentation:
             buckets=self._bucket_timer.take() if self._bucket_timer is not None else [],
             collectives=collectives,
             collectives_overflow=overflow,
+            reducer_data=self._reducer_data,
         )
-        if self._ddp_sample_rate and self._worker is not None:
-            self._follow_sample_rate(self._worker.ddp_sample_rate)
+        self._reducer_data = None
         self.clock.recent.append((end - self._previous_end) / 1e9)
         # The watchdog keeps watching between steps: a collective outside the step (a metric
         # all-reduce, a checkpoint barrier) can hang as well.
@@ -654,14 +683,6 @@ class Instrumentation:
                 self._worker.submit(record)
             except Exception as error:
                 self.errors.record("worker", error)
-
-    def _follow_sample_rate(self, wanted: int) -> None:
-        """Time every N-th DDP iteration, as the worker can read them (see .worker)."""
-        rate = max(wanted, self.config.runtime_stats_every, 1)
-        if rate != self._ddp_sample_rate and self.ddp is not None:
-            self._ddp_sample_rate = rate
-            with self.errors.guard("reducer_stats"):
-                self.ddp._set_ddp_runtime_logging_sample_rate(rate)
 
     # -- directives from the remediation service (on the directive client's thread) ----------
     def _handle_directive(self, directive: Directive) -> None:

@@ -7,6 +7,7 @@ spans and events happens on the worker thread (see :mod:`.worker`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .timeline import Collective
 
@@ -41,6 +42,9 @@ class StepRecord:
     # the previous step), and how many more did not fit (see .timeline).
     collectives: list[Collective] = field(default_factory=list)
     collectives_overflow: int = 0
+    # DDP's logging data as read right after this step's first forward: the timers of the
+    # previous iteration, which DDP publishes then (see .worker).
+    reducer_data: dict[str, Any] | None = None
 
     @property
     def duration_ns(self) -> int:

@@ -7,24 +7,22 @@ trace id as an exemplar), the step's collective timeline (see :mod:`.timeline`: 
 parameter all-gathers, time blocked on peers), DDP's reducer timers for the part of the
 gradient sync the timeline cannot see, memory, and the step's spans.
 
-Each wake takes the GIL from the training thread, so the worker wakes as rarely as its sources
-allow: every :data:`TIMELINE_WAKE_SECONDS` when the collective timeline (or the wall clock) is
-the source, backing off to :data:`IDLE_WAKE_SECONDS` while no step arrives. DDP's reducer timers
-need more: DDP publishes an iteration's timers at the start of the NEXT forward and overwrites
-them at the next sampled iteration, so the worker wakes twice per step (between
-:data:`MIN_WAKE_SECONDS` and :data:`MAX_WAKE_SECONDS`), reads them and matches them to their
-step by timestamp. When steps are shorter than that, reading every step is impossible and DDP's
-timing every iteration would be wasted: :attr:`StepWorker.ddp_sample_rate` asks DDP to time only
-every N-th iteration, so that each one it times lasts two wakes (the compute / sync-wait split
-is then sampled). A step whose timers never appear is finished without them once
-:data:`MAX_AWAITING` newer steps have arrived.
+Each wake takes the GIL from the training thread, so the worker wakes rarely: every
+:data:`WAKE_SECONDS`, backing off to :data:`IDLE_WAKE_SECONDS` while no step arrives.
+
+DDP publishes an iteration's reducer timers at the start of the NEXT forward and overwrites them
+at the forward after that. Reading them in that window from here would take a wake-up per step,
+which costs the training thread more than reading them itself (``_get_ddp_logging_data``, about
+9 us): so the training thread reads them once per step, right after its first forward, and hands
+the raw dict over in that step's record; here they are parsed and matched to their step by
+timestamp. A step whose timers never appear is finished without them once :data:`MAX_AWAITING`
+newer steps have arrived.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -52,12 +50,10 @@ MAX_AWAITING = 3
 # whose logging data no longer parses, or clocks that no longer match): room for sampling
 # every 32 steps.
 MAX_STEPS_WITHOUT_TIMERS = 64
-# ... and reads of the timers in a row that gave nothing usable: one wake can finish many short
-# steps without timers (only the latest step's are published), which alone is no sign of loss.
+# ... and reads of the timers in a row that gave nothing usable (with runtime_stats_every > 1
+# most steps have none, which alone is no sign of loss).
 MIN_READS_WITHOUT_TIMERS = 8
-MIN_WAKE_SECONDS = 0.01
-MAX_WAKE_SECONDS = 0.1
-TIMELINE_WAKE_SECONDS = 0.1
+WAKE_SECONDS = 0.1
 IDLE_WAKE_SECONDS = 1.0
 
 
@@ -83,7 +79,7 @@ class StepWorker:
         metrics: RankMetrics,
         errors: ErrorBudget,
         memory: MemorySampler | None,
-        read_reducer: Callable[[], dict[str, Any]] | None,
+        ddp_timers: bool,
         tracer_provider: TracerProvider | None,
         ids: tracing.DerivedIdGenerator | None,
         backend: str,
@@ -96,7 +92,7 @@ class StepWorker:
         self._metrics = metrics
         self._errors = errors
         self._memory = memory
-        self._read_reducer = read_reducer
+        self._ddp_timers = ddp_timers  # records carry DDP's reducer timers
         self._provider = tracer_provider
         self._tracer = (
             tracer_provider.get_tracer(contract.INSTRUMENTATION_SCOPE)
@@ -130,12 +126,10 @@ class StepWorker:
                 self._last_ooms = baseline.ooms
         self.buckets_synced = 0  # fallback collective count when the Flight Recorder is absent
         # The training thread appends (atomic under the GIL) and never waits or wakes anyone.
-        self._inbox: collections.deque[StepRecord] = collections.deque()
+        self._inbox: collections.deque[StepRecord | dict[str, Any]] = collections.deque()
         self._wake = threading.Event()
         self._stopping = False
-        self._interval = MIN_WAKE_SECONDS if read_reducer is not None else TIMELINE_WAKE_SECONDS
-        # What DDP should time: every N-th iteration (the training thread applies it).
-        self.ddp_sample_rate = 1
+        self._interval = WAKE_SECONDS
         self._thread = threading.Thread(target=self._run, name="trainguard-worker", daemon=True)
         # Plain counters, not an Event: the training thread's submit must not take a lock.
         self._submitted = 0
@@ -148,6 +142,11 @@ class StepWorker:
     def submit(self, record: StepRecord) -> None:
         self._submitted += 1
         self._inbox.append(record)
+
+    def submit_timers(self, data: dict[str, Any]) -> None:
+        """DDP timers read at a forward whose step has not ended (flush, uninstrument)."""
+        self._submitted += 1
+        self._inbox.append(data)
 
     def stop(self) -> None:
         """Finish every queued step, then stop."""
@@ -185,27 +184,27 @@ class StepWorker:
                 return
 
     def _drain(self) -> None:
-        """Process every step in the inbox, then sample memory and read DDP's timers (once per
-        wake: the gauges are scraped every few seconds, and the timers hold one step)."""
+        """Process every step in the inbox, then sample memory (once per wake: the gauges are
+        scraped every few seconds)."""
         processed = False
         while self._inbox:
             record = self._inbox.popleft()
             with self._errors.guard("worker"):
-                self._process(record)
+                if isinstance(record, StepRecord):
+                    self._process(record)
+                elif self._ddp_timers:
+                    self._take_timers(record)
             self._processed += 1
             processed = True
         if processed and self._memory is not None:
             with self._errors.guard("memory"):
                 self._sample_memory()
-        if self._read_reducer is not None and self._awaiting:
-            self._read_timers()
-            self._expire()
 
     # -- per step (worker thread) ---------------------------------------------------------------
     def _process(self, record: StepRecord) -> None:
         m = self._metrics
         duration = record.duration_ns
-        self._pace(duration)
+        self._interval = WAKE_SECONDS
         exemplar = {contract.EXEMPLAR_TRACE_ID: self.trace_id_hex(record.step)}
         m.steps.inc()
         m.step_duration.observe(_seconds(duration), exemplar)
@@ -216,22 +215,16 @@ class StepWorker:
         m.phase_duration[contract.Phase.OPTIMIZER].observe(_seconds(record.optimizer_ns))
         self._observe_buckets(record, exemplar)
         self._observe_timeline(record, exemplar)
-        if self._read_reducer is None:
+        if not self._ddp_timers:
             self._finish_without_reducer(record)
             return
         self._awaiting[record.step] = record
-        if self._unmatched is not None:
-            with self._errors.guard("reducer_stats"):
+        with self._errors.guard("reducer_stats"):
+            if self._unmatched is not None:
                 self._settle(self._unmatched)
-
-    def _pace(self, step_ns: int) -> None:
-        """Set the wake interval (and DDP's sample rate) from the latest step's duration."""
-        if self._read_reducer is None:
-            self._interval = TIMELINE_WAKE_SECONDS
-            return
-        step = max(step_ns / 1e9, 1e-6)
-        self._interval = min(MAX_WAKE_SECONDS, max(MIN_WAKE_SECONDS, step / 2))
-        self.ddp_sample_rate = max(1, math.ceil(2 * self._interval / step))
+            if record.reducer_data is not None:
+                self._take_timers(record.reducer_data)
+        self._expire()
 
     def _expire(self) -> None:
         """Finish the steps whose timers did not come in time; give the timers up when none
@@ -255,7 +248,7 @@ class StepWorker:
         """Stop waiting for timers that no longer come: from now on compute time comes from
         the collective timeline alone (on DDP that includes the gradient sync: wall clock), and
         the loss of the straggler signal is counted, logged and shown in ``rank_info``."""
-        self._read_reducer = None
+        self._ddp_timers = False
         self._unmatched = None
         self._errors.record(
             "reducer_stats",
@@ -270,18 +263,18 @@ class StepWorker:
         for step in sorted(self._awaiting):
             self._finish_without_reducer(self._awaiting.pop(step))
 
-    def _read_timers(self) -> None:
-        with self._errors.guard("reducer_stats"):
-            stats = parse_logging_data(self._read_reducer())  # type: ignore[misc]
-            if stats is None:
-                self._reads_without_timers += 1
-                return
-            if stats.iteration == self._last_iteration:
-                return  # nothing new published since the last read (sampling)
-            self._last_iteration = stats.iteration
-            self._settle(stats)
-            if self._unmatched is not None:
-                self._reads_without_timers += 1
+    def _take_timers(self, data: dict[str, Any]) -> None:
+        """DDP's logging data as the training thread read it at a step's first forward."""
+        stats = parse_logging_data(data)
+        if stats is None:
+            self._reads_without_timers += 1
+            return
+        if stats.iteration == self._last_iteration:
+            return  # nothing new published since the last read (runtime_stats_every > 1)
+        self._last_iteration = stats.iteration
+        self._settle(stats)
+        if self._unmatched is not None:
+            self._reads_without_timers += 1
 
     def _match(self, stats: ReducerStats) -> StepRecord | None:
         """The awaiting step whose forward holds the reducer's forward start."""
