@@ -54,9 +54,9 @@ def make_ddp(seed: int = 0, **kwargs: Any) -> DistributedDataParallel:
     return DistributedDataParallel(Net(**kwargs), bucket_cap_mb=BUCKET_CAP_MB)
 
 
-def batch(step: int, rank: int, size: int = 16) -> torch.Tensor:
+def batch(step: int, rank: int, size: int = 16, width: int = WIDTH) -> torch.Tensor:
     generator = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(size, WIDTH, generator=generator)
+    return torch.randn(size, width, generator=generator)
 
 
 def loss_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

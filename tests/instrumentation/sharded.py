@@ -27,7 +27,8 @@ from trainguard import contract
 from trainguard.events import EVENTS_LOGGER
 from trainguard.instrumentation import flight_recorder
 
-from .scenarios import _EventList, labels_of, span_rows, step_totals, value
+from . import scenarios
+from .scenarios import _EventList, labels_of, loss_of, span_rows, step_totals, value
 
 FSDP2 = "fsdp2"
 FSDP1 = "fsdp1"
@@ -128,14 +129,8 @@ def units_with_parameters(model: nn.Module) -> int:
     return count
 
 
-def batch(step: int, rank: int, size: int = 16) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(size, WIDTH, generator=generator)
-
-
-def loss_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    out: torch.Tensor = model(x).square().mean()
-    return out
+def batch(step: int, rank: int) -> torch.Tensor:
+    return scenarios.batch(step, rank, width=WIDTH)
 
 
 def fr_collectives(group: str) -> Counter[str]:
