@@ -26,7 +26,7 @@ import pytest
 from trainguard import contract
 from trainguard.demo.config import DEMO_JOB_ID, DemoConfig, Ports
 from trainguard.demo.run import TARGETS, DemoResult, run_demo
-from trainguard.instrumentation import flight_recorder
+from trainguard.instrumentation import flight_recorder, tracing, worker
 
 pytestmark = pytest.mark.e2e
 
@@ -126,14 +126,22 @@ def _spans(cfg: DemoConfig) -> list[dict[str, Any]]:
 
 
 def _steps_cut_by_restarts(events: list[dict[str, Any]], margin: int = 5) -> set[int]:
-    """Steps within ``margin`` of the last one logged before each worker restart."""
+    """Steps whose spans a worker restart may have cut off.
+
+    A worker killed by its agent loses the spans it had not yet exported: those of the last
+    export interval, plus the worker thread's wake-up. Cut every step logged within that window
+    (and a second of slack for the kill itself) before the last step logged ahead of each restart,
+    and ``margin`` steps either side of it (the ones re-run after resuming from a checkpoint)."""
+    window_s = tracing.EXPORT_INTERVAL_SECONDS + worker.WAKE_SECONDS + 1.0
+    steps = [e for e in events if e["event"] == "step"]
     cut: set[int] = set()
-    last_step = 0
+    last: dict[str, Any] | None = None
     for event in events:
         if event["event"] == "step":
-            last_step = event["step"]
-        elif event["event"] == "start" and event["restart"] > 0:
-            cut.update(range(last_step - margin, last_step + margin + 1))
+            last = event
+        elif event["event"] == "start" and event["restart"] > 0 and last is not None:
+            cut.update(range(last["step"] - margin, last["step"] + margin + 1))
+            cut.update(s["step"] for s in steps if last["t"] - window_s <= s["t"] <= last["t"])
     return cut
 
 

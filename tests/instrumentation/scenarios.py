@@ -12,6 +12,7 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -318,10 +319,23 @@ def hang_between_steps(rank: int, world: int, out: Path, sleep_s: float) -> dict
     return {"events": [e for e in events.events if e["action"] == "collective_stalled"]}
 
 
+class _LoggerWithoutTimers:
+    """DDP's C++ logger, whose logging data has lost the timer keys."""
+
+    def __init__(self, logger: Any) -> None:
+        self._logger = logger
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+    def _get_ddp_logging_data(self) -> Any:
+        return SimpleNamespace(ints_map={"iteration": 1}, strs_map={})
+
+
 def reducer_timers_lost(rank: int, world: int, out: Path, steps: int) -> dict[str, Any]:
     """DDP whose logging data no longer has the keys trainguard reads (a future torch)."""
     model = make_ddp()
-    model._get_ddp_logging_data = lambda: {"iteration": 1}  # type: ignore[method-assign]
+    model.logger = _LoggerWithoutTimers(model.logger)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     registry = CollectorRegistry()
     handle = trainguard.instrument(

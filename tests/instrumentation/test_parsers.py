@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -38,6 +39,14 @@ def test_reducer_stats_split_sync_into_overlap_and_wait() -> None:
     assert (stats.forward_compute_ns, stats.backward_compute_ns) == (33640214, 180088225)
     assert stats.sync_wait_ns == 208152681 - 175261936
     assert stats.bucket_bytes == (4198400, 29388800, 29388800, 4198400)
+
+
+def test_the_c_plus_plus_loggers_record_parses_like_ddps_dict() -> None:
+    # What the training thread reads (the C++ logger's record, maps still unconverted).
+    strs = {k: v for k, v in LOGGING_DATA.items() if isinstance(v, str)}
+    ints = {k: v for k, v in LOGGING_DATA.items() if not isinstance(v, str)}
+    record = SimpleNamespace(strs_map=strs, ints_map=ints)
+    assert reducer.parse_logging_data(record) == reducer.parse_logging_data(LOGGING_DATA)
 
 
 def test_reducer_stats_before_buckets_are_rebuilt_use_construction_sizes() -> None:

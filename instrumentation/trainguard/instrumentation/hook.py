@@ -41,7 +41,7 @@ from .memory import MemorySampler
 from .metrics import CollectiveProgressCollector, RankMetrics
 from .oom import batch_size, memory_summary, split_batch
 from .records import StepRecord
-from .reducer import reducer_stats_supported
+from .reducer import RawLoggingData, logging_data_reader, reducer_stats_supported
 from .server import MetricsEndpoint, advertised_host, serve_metrics, write_file_sd
 from .timeline import INTERCEPTOR, Timeline
 from .watchdog import CollectiveWatchdog, StepClock
@@ -159,9 +159,9 @@ class Instrumentation:
         self._worker: StepWorker | None = None
         self._timeline: Timeline | None = None
         # DDP's logging data: read once per step after its first forward (None: not read).
-        self._read_reducer: Callable[[], dict[str, Any]] | None = None
+        self._read_reducer: Callable[[], RawLoggingData] | None = None
         self._reducer_due = False
-        self._reducer_data: dict[str, Any] | None = None
+        self._reducer_data: RawLoggingData = None  # read at this step's first forward
         self._on_directive = on_directive
         self._directives: DirectiveClient | None = None
         self._progress_collector: CollectiveProgressCollector | None = None
@@ -429,7 +429,7 @@ class Instrumentation:
                 )
         if self.ddp is not None and reducer_stats_supported(self.ddp):
             self.ddp._set_ddp_runtime_logging_sample_rate(max(1, cfg.runtime_stats_every))
-            self._read_reducer = self.ddp._get_ddp_logging_data
+            self._read_reducer = logging_data_reader(self.ddp)
             self.timing_source = contract.TimingSource.DDP_REDUCER
         elif self.ddp is not None:
             self.timing_source = contract.TimingSource.WALL_CLOCK

@@ -7,8 +7,8 @@ spans and events happens on the worker thread (see :mod:`.worker`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from .reducer import RawLoggingData
 from .timeline import Collective
 
 
@@ -44,7 +44,7 @@ class StepRecord:
     collectives_overflow: int = 0
     # DDP's logging data as read right after this step's first forward: the timers of the
     # previous iteration, which DDP publishes then (see .worker).
-    reducer_data: dict[str, Any] | None = None
+    reducer_data: RawLoggingData = None
 
     @property
     def duration_ns(self) -> int:

@@ -10,9 +10,13 @@ falls back to wall-clock phases when they are missing or change shape.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+# What a reader from logging_data_reader returns: the C++ logger's record (a pybind object with
+# ``ints_map`` and ``strs_map``) or, from DDP's own method, one dict of both.
+RawLoggingData = Any
 
 _REQUIRED_KEYS = (
     "forward_compute_time",
@@ -60,8 +64,17 @@ def _bucket_bytes(data: Mapping[str, Any]) -> tuple[int, ...]:
     return _parse_sizes(str(raw or data.get("bucket_sizes") or ""))
 
 
-def parse_logging_data(data: Mapping[str, Any]) -> ReducerStats | None:
-    """Reducer stats from ``ddp._get_ddp_logging_data()``; ``None`` if not sampled yet."""
+def as_mapping(raw: RawLoggingData) -> Mapping[str, Any]:
+    """One mapping of DDP's logging data, from either reader of :func:`logging_data_reader`."""
+    if isinstance(raw, Mapping):
+        return raw
+    return {**raw.strs_map, **raw.ints_map}
+
+
+def parse_logging_data(raw: RawLoggingData) -> ReducerStats | None:
+    """Reducer stats from what :func:`logging_data_reader`'s reader returned (the C++ logger's
+    record or DDP's dict); ``None`` if not sampled yet."""
+    data = as_mapping(raw)
     if any(key not in data for key in _REQUIRED_KEYS):
         return None
     if int(data["backward_comm_time_end"]) <= 0 or int(data["forward_compute_time_start"]) <= 0:
@@ -79,6 +92,17 @@ def parse_logging_data(data: Mapping[str, Any]) -> ReducerStats | None:
         overlap_ns=int(data["backward_compute_comm_overlap_time"]),
         bucket_bytes=_bucket_bytes(data),
     )
+
+
+def logging_data_reader(ddp: Any) -> Callable[[], RawLoggingData]:
+    """The cheapest reader of DDP's logging data this torch has, for the training thread.
+
+    The C++ logger's own getter copies the record under the reducer's lock (about 3 us) and
+    leaves its two maps unconverted, so the worker thread turns them into Python objects;
+    ``ddp._get_ddp_logging_data()`` converts and merges both maps on the calling thread, several
+    times the cost in a training loop. It is the fallback where the logger lacks the getter."""
+    getter = getattr(getattr(ddp, "logger", None), "_get_ddp_logging_data", None)
+    return getter if callable(getter) else ddp._get_ddp_logging_data
 
 
 def reducer_stats_supported(ddp: Any) -> bool:

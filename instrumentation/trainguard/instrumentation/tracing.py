@@ -35,6 +35,8 @@ from prometheus_client.metrics import Counter
 MAX_QUEUED_SPANS = 4096
 MAX_EXPORT_BATCH_SPANS = 512
 EXPORT_TIMEOUT_SECONDS = 5.0
+# How often queued spans are exported: a process killed outright loses at most this much.
+EXPORT_INTERVAL_SECONDS = 1.0
 # How long uninstrument() lets queued spans flush before it gives them up (counted dropped),
 # and how long it then waits for an export in progress to notice the exporter's shutdown.
 SHUTDOWN_FLUSH_SECONDS = 1.0
@@ -212,7 +214,7 @@ class AccountedBatchSpanProcessor(BatchSpanProcessor):
         super().__init__(
             self._counting_exporter,
             max_queue_size=capacity,
-            schedule_delay_millis=1000,
+            schedule_delay_millis=int(EXPORT_INTERVAL_SECONDS * 1000),
             max_export_batch_size=min(MAX_EXPORT_BATCH_SPANS, capacity),
             export_timeout_millis=int(EXPORT_TIMEOUT_SECONDS * 1000),
         )

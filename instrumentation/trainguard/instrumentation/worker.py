@@ -12,10 +12,10 @@ Each wake takes the GIL from the training thread, so the worker wakes rarely: ev
 
 DDP publishes an iteration's reducer timers at the start of the NEXT forward and overwrites them
 at the forward after that. Reading them in that window from here would take a wake-up per step,
-which costs the training thread more than reading them itself (``_get_ddp_logging_data``, about
-9 us): so the training thread reads them once per step, right after its first forward, and hands
-the raw dict over in that step's record; here they are parsed and matched to their step by
-timestamp. A step whose timers never appear is finished without them once :data:`MAX_AWAITING`
+which costs the training thread more than reading them itself (a copy of the C++ logger's record,
+see :func:`.reducer.logging_data_reader`): so the training thread reads them once per step, right
+after its first forward, and hands the record over in that step's record; here its maps are
+converted and parsed, and the timers matched to their step by timestamp. A step whose timers never appear is finished without them once :data:`MAX_AWAITING`
 newer steps have arrived.
 """
 
@@ -41,7 +41,7 @@ from .errors import ErrorBudget
 from .memory import MemorySampler
 from .metrics import RankMetrics
 from .records import BucketTiming, StepRecord
-from .reducer import ReducerStats, parse_logging_data
+from .reducer import RawLoggingData, ReducerStats, parse_logging_data
 
 logger = logging.getLogger("trainguard.instrumentation")
 
@@ -126,7 +126,7 @@ class StepWorker:
                 self._last_ooms = baseline.ooms
         self.buckets_synced = 0  # fallback collective count when the Flight Recorder is absent
         # The training thread appends (atomic under the GIL) and never waits or wakes anyone.
-        self._inbox: collections.deque[StepRecord | dict[str, Any]] = collections.deque()
+        self._inbox: collections.deque[StepRecord | RawLoggingData] = collections.deque()
         self._wake = threading.Event()
         self._stopping = False
         self._interval = WAKE_SECONDS
@@ -143,7 +143,7 @@ class StepWorker:
         self._submitted += 1
         self._inbox.append(record)
 
-    def submit_timers(self, data: dict[str, Any]) -> None:
+    def submit_timers(self, data: RawLoggingData) -> None:
         """DDP timers read at a forward whose step has not ended (flush, uninstrument)."""
         self._submitted += 1
         self._inbox.append(data)
@@ -263,7 +263,7 @@ class StepWorker:
         for step in sorted(self._awaiting):
             self._finish_without_reducer(self._awaiting.pop(step))
 
-    def _take_timers(self, data: dict[str, Any]) -> None:
+    def _take_timers(self, data: RawLoggingData) -> None:
         """DDP's logging data as the training thread read it at a step's first forward."""
         stats = parse_logging_data(data)
         if stats is None:
