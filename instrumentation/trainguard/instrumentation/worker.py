@@ -15,8 +15,8 @@ at the forward after that. Reading them in that window from here would take a wa
 which costs the training thread more than reading them itself (a copy of the C++ logger's record,
 see :func:`.reducer.logging_data_reader`): so the training thread reads them once per step, right
 after its first forward, and hands the record over in that step's record; here its maps are
-converted and parsed, and the timers matched to their step by timestamp. A step whose timers never appear is finished without them once :data:`MAX_AWAITING`
-newer steps have arrived.
+converted and parsed, and the timers matched to their step by timestamp. A step whose timers
+never appear is finished without them once :data:`MAX_AWAITING` newer steps have arrived.
 """
 
 from __future__ import annotations
