@@ -102,7 +102,8 @@ def logging_data_reader(ddp: Any) -> Callable[[], RawLoggingData]:
     ``ddp._get_ddp_logging_data()`` converts and merges both maps on the calling thread, several
     times the cost in a training loop. It is the fallback where the logger lacks the getter."""
     getter = getattr(getattr(ddp, "logger", None), "_get_ddp_logging_data", None)
-    return getter if callable(getter) else ddp._get_ddp_logging_data
+    fallback: Callable[[], RawLoggingData] = ddp._get_ddp_logging_data
+    return getter if callable(getter) else fallback
 
 
 def reducer_stats_supported(ddp: Any) -> bool:
