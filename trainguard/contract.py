@@ -294,8 +294,24 @@ RANK_INFO = _info(
     ),
 )
 
+# Progress and membership, as values the rules and the remediation service's verifier compare:
+# a repair has worked once the job's step passes the one it had reached before the incident, and
+# a rank at or above its job's current world size was removed on purpose (exclude, scale-down).
+TRAINING_STEP = _gauge(
+    "step",
+    "The training step this rank last completed, the job's own numbering (it continues from "
+    "instrument(start_step=...) after a restart from a checkpoint).",
+)
+WORLD_SIZE = _gauge("world_size", "Ranks in this rank's job as it last formed.")
+RANK_INDEX = _gauge(
+    "rank_index", "This process's rank, as a value (the rules compare it with world_size)."
+)
+
 RANK_METRICS: tuple[MetricSpec, ...] = (
     STEPS,
+    TRAINING_STEP,
+    WORLD_SIZE,
+    RANK_INDEX,
     STEP_DURATION,
     STEP_PHASE_DURATION,
     STEP_COMPUTE_DURATION,
@@ -510,6 +526,7 @@ class Action(str, enum.Enum):
     SPLIT_MICRO_BATCHES = "split_micro_batches"
     SET_COLLECTIVE_TIMEOUT = "set_collective_timeout"
     RECOMMEND = "recommend"
+    PAGE = "page"  # the last rung of a ladder: an alert posted to Alertmanager for a human
 
 
 class NcclErrorKind(str, enum.Enum):
@@ -827,6 +844,22 @@ REC_JOB_STALL_THRESHOLD = "job:trainguard_collective_oldest_inflight_seconds:sta
 REC_JOB_COLLECTIVE_LAGGARD = "job:trainguard_collectives_launched:laggard_rank"
 # One series per job (per node) carrying the scheduler labels of its ranks' rank_info.
 REC_JOB_SCHEDULER = "job:trainguard_rank_info:scheduler_labels"
+# Reliability: success rate and MTTR over each window (the service's incident metrics).
+RELIABILITY_WINDOWS: tuple[str, ...] = ("1h", "1d", "7d")
+REC_FAILURE_SUCCESS_RATIO = {
+    w: f"failure:trainguard_remediation_incidents:success_ratio{w}" for w in RELIABILITY_WINDOWS
+}
+REC_SUCCESS_RATIO = {
+    w: f"remediation:trainguard_remediation_incidents:success_ratio{w}" for w in RELIABILITY_WINDOWS
+}
+REC_FAILURE_MTTR = {
+    w: f"failure:trainguard_remediation_time_to_recover_seconds:mean{w}"
+    for w in RELIABILITY_WINDOWS
+}
+REC_MTTR = {
+    w: f"remediation:trainguard_remediation_time_to_recover_seconds:mean{w}"
+    for w in RELIABILITY_WINDOWS
+}
 REC_NODE_SCHEDULER = "node:trainguard_rank_info:scheduler_labels"
 
 # Labels and annotations every alert carries.
@@ -902,6 +935,70 @@ REMEDIATION_DRY_RUN = _gauge(
     "remediation_dry_run", "1 while the service only records decisions (dry-run mode)."
 )
 
+# Incidents: what the verifier concluded after each repair (trainguard.remediation.verify).
+LABEL_FAILURE = "failure"
+
+
+class IncidentOutcome(str, enum.Enum):
+    """How an incident ended: training recovered, did not, or is worse than when it started
+    (more ranks down)."""
+
+    RECOVERED = "recovered"
+    NOT_RECOVERED = "not_recovered"
+    WORSE = "worse"
+
+
+class JobOutcome(str, enum.Enum):
+    """Whether the job's training passed the step it had reached before the incident."""
+
+    RESUMED = "resumed"
+    LOST = "lost"
+
+
+# The alert the service posts to Alertmanager when the last rung of a ladder did not recover a
+# job: a page for a human, through the same routing, grouping and silences as every alert.
+REMEDIATION_FAILED_ALERT = "TrainguardRemediationFailed"
+LABEL_INCIDENT = "incident"
+LABEL_RUNG = "rung"
+
+REMEDIATION_INCIDENTS = _counter(
+    "remediation_incidents_total",
+    "Incidents closed, by failure and outcome (recovered|not_recovered|worse).",
+    (LABEL_FAILURE, LABEL_OUTCOME),
+)
+REMEDIATION_INCIDENTS_OPEN = _gauge(
+    "remediation_incidents_open",
+    "Incidents being acted on or verified, by failure (from the store).",
+    (LABEL_FAILURE,),
+)
+REMEDIATION_INCIDENT_JOBS = _counter(
+    "remediation_incident_jobs_total",
+    "Incidents closed, by whether the job's training passed its pre-incident step (resumed|lost).",
+    (LABEL_FAILURE, LABEL_OUTCOME),
+)
+REMEDIATION_TIME_TO_DETECT = _histogram(
+    "remediation_time_to_detect_seconds",
+    "From the first evidence of a failure (its alert's pending start) to the service receiving "
+    "the firing alert.",
+    (LABEL_FAILURE,),
+)
+REMEDIATION_TIME_TO_ACT = _histogram(
+    "remediation_time_to_act_seconds",
+    "From the failure's detection (its alert firing) to the first repair carried out.",
+    (LABEL_FAILURE, LABEL_ACTION),
+)
+REMEDIATION_TIME_TO_RECOVER = _histogram(
+    "remediation_time_to_recover_seconds",
+    "From the failure's detection to verified recovery (alert resolved and training past its "
+    "pre-incident step), by the action that recovered it: the MTTR.",
+    (LABEL_FAILURE, LABEL_ACTION),
+)
+REMEDIATION_ESCALATIONS = _counter(
+    "remediation_escalations_total",
+    "Rungs climbed: a repair that did not recover in time, and the action tried next.",
+    (LABEL_FAILURE, LABEL_ACTION),
+)
+
 REMEDIATION_METRICS: tuple[MetricSpec, ...] = (
     REMEDIATION_ALERTS_RECEIVED,
     REMEDIATION_ALERTS_DEDUPLICATED,
@@ -914,6 +1011,13 @@ REMEDIATION_METRICS: tuple[MetricSpec, ...] = (
     REMEDIATION_CIRCUIT_BREAKERS_OPEN,
     REMEDIATION_DIRECTIVE_ACKS,
     REMEDIATION_DRY_RUN,
+    REMEDIATION_INCIDENTS,
+    REMEDIATION_INCIDENTS_OPEN,
+    REMEDIATION_INCIDENT_JOBS,
+    REMEDIATION_TIME_TO_DETECT,
+    REMEDIATION_TIME_TO_ACT,
+    REMEDIATION_TIME_TO_RECOVER,
+    REMEDIATION_ESCALATIONS,
 )
 # Read by the directive client of the training hook (the service reads the same variable).
 ENV_REMEDIATION_TOKEN = "TRAINGUARD_REMEDIATION_TOKEN"
