@@ -51,6 +51,37 @@ def test_every_alert_reaches_remediation_and_a_human(alert: Alert) -> None:
     assert warning == {"remediation", "chat"}
 
 
+@pytest.mark.parametrize("severity", list(Severity))
+def test_the_services_own_page_reaches_humans_and_never_the_service(severity: Severity) -> None:
+    """TrainguardRemediationFailed, with every label the service posts it with: the pager
+    only (the service acting on its own page would loop)."""
+    page = routes_for(
+        f"alertname={contract.REMEDIATION_FAILED_ALERT}",
+        f"{contract.LABEL_SEVERITY}={severity.value}",
+        f"{contract.LABEL_JOB_ID}=j",
+        f"{contract.LABEL_FAILURE}=hang",
+        f"{contract.LABEL_INCIDENT}=7",
+        f"{contract.LABEL_RUNG}=3",
+        f"{contract.LABEL_NODE}=n1",
+    )
+    assert page == {"pager"}
+
+
+def test_notifications_link_each_alert_s_source() -> None:
+    """The text a human gets names the runbook and the alert's source: for the service's own
+    page, its incident in the service (amtool renders with example alerts)."""
+    result = run(
+        binary("amtool"),
+        "template",
+        "render",
+        f"--template.glob={CONFIG.parent / 'trainguard.tmpl'}",
+        '--template.text={{ template "trainguard.text" . }}',
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Runbook: " in result.stdout
+    assert "Source: https://generatorurl.com" in result.stdout
+
+
 def test_foreign_alerts_skip_remediation() -> None:
     assert routes_for("alertname=NodeDiskFull", "severity=critical") == {"pager"}
     assert routes_for("alertname=NodeDiskFull", "severity=warning") == {"chat"}

@@ -157,9 +157,18 @@ def test_every_alert_runbook_section_has_the_five_parts() -> None:
         assert tuple(parts) == RUNBOOK_PARTS, f"{rule['alert']}: runbook section has {parts}"
 
 
+def failure_outline(text: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """The runbook's outline up to its second top-level heading (the failures), and from there
+    on (the remediation service's own alerts)."""
+    outline = runbook_outline(text)
+    tops = [index for index, (level, _) in enumerate(outline) if level == 1]
+    end = tops[1] if len(tops) > 1 else len(outline)
+    return outline[:end], outline[end:]
+
+
 def test_the_runbook_has_a_section_per_failure_holding_its_alerts() -> None:
     """``## <failure value>`` per failure (anchor == value), its alerts as ``### <Alert>``."""
-    outline = runbook_outline((ALERTS / "runbook.md").read_text())
+    outline, _ = failure_outline((ALERTS / "runbook.md").read_text())
     failures = [heading for level, heading in outline if level == 2]
     assert failures == [spec.runbook_anchor for spec in contract.FAILURES.values()]
     assert all(anchor_of(heading) == heading for heading in failures)
@@ -174,6 +183,19 @@ def test_the_runbook_has_a_section_per_failure_holding_its_alerts() -> None:
             assert level == 1 and not current, f"unexpected heading {heading!r}"
     for failure, spec in contract.FAILURES.items():
         assert under.get(failure.value, []) == [alert.value for alert in spec.alerts], failure
+
+
+def test_the_runbook_explains_the_remediation_services_page() -> None:
+    """The page the service posts (no rule makes it) has its own section after the failures,
+    in the five parts, naming the labels it carries."""
+    text = (ALERTS / "runbook.md").read_text()
+    _, service = failure_outline(text)
+    assert service[1:] == [(2, contract.REMEDIATION_FAILED_ALERT)], service
+    body = runbook_sections(text)[anchor_of(contract.REMEDIATION_FAILED_ALERT)]
+    parts = re.findall(r"^- \*\*(.+?)\*\*:", body, flags=re.M)
+    assert tuple(parts) == RUNBOOK_PARTS
+    for label in (contract.LABEL_INCIDENT, contract.LABEL_RUNG, contract.LABEL_FAILURE):
+        assert f"`{label}`" in body, label
 
 
 @pytest.mark.parametrize("spec", contract.FAILURES.values(), ids=lambda s: s.failure.value)

@@ -70,11 +70,13 @@ def exposed_names() -> set[str]:
 
 
 def recording_names() -> set[str]:
-    return {
-        value
-        for key, value in vars(contract).items()
-        if key.startswith("REC_") and isinstance(value, str)
-    }
+    """Every recording rule the contract names: ``REC_*`` strings, and the values of ``REC_*``
+    dicts (one rule per window, such as the reliability rules)."""
+    names: set[str] = set()
+    for key, value in vars(contract).items():
+        if key.startswith("REC_"):
+            names.update(value.values() if isinstance(value, dict) else {value})
+    return names
 
 
 # Series Prometheus itself makes: target health and the alerts it evaluates.

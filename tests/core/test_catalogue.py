@@ -125,10 +125,12 @@ def _executors() -> Iterator[tuple[str, frozenset[Action]]]:
     from trainguard.remediation.executors.directive import DirectiveExecutor
     from trainguard.remediation.executors.kubernetes import KubernetesExecutor
     from trainguard.remediation.executors.local import LocalExecutor
+    from trainguard.remediation.executors.page import PageExecutor
     from trainguard.remediation.executors.slurm import SlurmExecutor
 
     for executor in (
         RecommendExecutor,
+        PageExecutor,
         DirectiveExecutor,
         KubernetesExecutor,
         LocalExecutor,

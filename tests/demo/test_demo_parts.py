@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +20,7 @@ from trainguard.demo.faults import (
     FaultPlanError,
     parse_plan,
 )
+from trainguard.demo.run import Reliability, incident_of
 from trainguard.demo.stack import SIMULATED_GPUS, exporter_gpu_args, write_configs
 from trainguard.remediation.policy import load_policy
 
@@ -93,3 +96,41 @@ def test_rendered_configs_pass_their_own_checkers(tmp_path: Path) -> None:
 def test_the_exporter_simulates_gpus_only_where_nvml_sees_none() -> None:
     assert exporter_gpu_args(0) == ["--simulate-gpus", str(SIMULATED_GPUS)]
     assert exporter_gpu_args(8) == []
+
+
+def _incident(
+    failure: str, detected: str, outcome: str | None, recovered: str | None = None
+) -> dict[str, Any]:
+    return {
+        "failure": failure,
+        "state": "open" if outcome is None else "closed",
+        "outcome": outcome,
+        "detected_at": detected,
+        "recovered_at": recovered,
+    }
+
+
+def test_reliability_counts_closed_incidents_and_averages_recovery() -> None:
+    incidents = [
+        _incident("hang", "2026-12-03T10:00:00Z", "recovered", "2026-12-03T10:00:30Z"),
+        _incident("oom", "2026-12-03T10:01:00Z", "recovered", "2026-12-03T10:01:50Z"),
+        _incident("straggler", "2026-12-03T10:02:00Z", "not_recovered"),
+        _incident("straggler", "2026-12-03T10:03:00Z", None),
+    ]
+    reliability = Reliability.of(incidents)
+    assert (reliability.closed, reliability.recovered, reliability.open) == (3, 2, 1)
+    assert reliability.success_rate == pytest.approx(2 / 3)
+    assert reliability.mttr_s == pytest.approx(40.0)
+    assert "success rate 67%" in reliability.line() and "MTTR 40.0 s" in reliability.line()
+    assert Reliability.of([]).success_rate is None
+
+
+def test_a_fault_is_matched_to_the_first_incident_of_its_failure_after_it() -> None:
+    injected = datetime(2026, 12, 3, 10, 0, 30, tzinfo=timezone.utc).timestamp()
+    before = _incident("hang", "2026-12-03T10:00:00Z", "recovered")
+    first = _incident("hang", "2026-12-03T10:00:40Z", "recovered")
+    second = _incident("hang", "2026-12-03T10:02:00Z", "worse")
+    other = _incident("oom", "2026-12-03T10:00:35Z", "recovered")
+    found = incident_of(FaultKind.HANG, injected, [second, before, other, first])
+    assert found is first
+    assert incident_of(FaultKind.STRAGGLER, injected, [first, other]) is None

@@ -70,6 +70,24 @@ def test_an_executed_action_links_the_diagnosis_of_its_job(
         assert report["report"]["failure"] == "straggler"
         assert report["report"]["scope"]["ranks"] == [5]
         assert "## 2. Scope" in report["markdown"] and "rank 5" in report["markdown"]
+        # Validate: the incident the alert opened, as the store held it when the report was made.
+        validation = report["report"]["validation"]
+        assert (validation["source"], validation["gap"]) == ("this service's incidents", None)
+        (incident,) = validation["incidents"]
+        assert (incident["failure"], incident["alert"]) == ("straggler", "TrainingStraggler")
+        assert incident["diagnosed"] is True
+        assert incident["tried"][0]["action_id"] == action["id"]
+        assert f"### Incident {incident['id']}: TrainingStraggler" in report["markdown"]
+        # Written right after the first rung: the verifier has not concluded yet.
+        assert incident["outcome"] is None and incident["state"] in ("acting", "verifying")
+        assert f"- Not recovered yet: the incident is {incident['state']}" in report["markdown"]
+        # Prevent: the straggler's settings.
+        (prevention,) = report["report"]["prevention"]
+        assert prevention["cause"] == "slow_gpu_or_process"
+        assert {s["name"] for s in prevention["settings"]} == {
+            "torchrun --nnodes",
+            "GPU health check",
+        }
         view = client.get(f"/v1/actions/{action['id']}", headers=AUTH).json()
         assert view["report"] == f"/v1/actions/{action['id']}/report"
         assert client.get(f"/v1/actions/{action['id']}/report").status_code == 401

@@ -88,7 +88,7 @@ def test_thermal_throttling_on_one_node_is_the_top_cause(history: History, tmp_p
     assert any("Exclude node th-b" in advice for advice in top.do_now)
     assert any("cooling" in advice for advice in top.prevention)
     # The healthy nodes' GPUs are not blamed.
-    assert "th-a" not in markdown(report).split("## 3.")[1].split("## 5.")[0]
+    assert "th-a" not in markdown(report).split("## 3.")[1].split("## 7.")[0]
 
 
 def test_oom_with_fragmentation_advises_expandable_segments(
@@ -287,7 +287,9 @@ def test_hang_names_the_rank_and_collective_from_flight_recorder_dumps(
     assert any(e.startswith("event collective_stalled") for e in top.evidence)
     # The recommended timeout comes from the observed gradient-sync tail (p99.9 about 9 s).
     assert top.facts["recommended_timeout_seconds"] == 90
-    assert any("timeout to 90 s" in advice for advice in top.prevention)
+    (prevent,) = [p for p in report.prevention if p.cause == "rank_never_joined"]
+    timeout = next(s for s in prevent.settings if s.name == "init_process_group(timeout=...)")
+    assert timeout.value == "timedelta(seconds=90)"
     age = chart(report, COLLECTIVE_AGE)
     assert set(age["ranks"]) == {"0", "1", "2"}
     assert age["threshold_seconds"] == 60
@@ -354,7 +356,8 @@ def test_the_command_writes_markdown_charts_and_json(
     assert "scope: node" in capsys.readouterr().out
     text = (out / "report.md").read_text()
     headings = [text.index(h) for h in ("## 1. Symptom", "## 2. Scope", "## 3. Root-cause",
-                                        "## 4. What to do", "## 5. Charts")]  # fmt: skip
+                                        "## 4. What to do now", "## 5. Validate",
+                                        "## 6. Prevent", "## 7. Charts")]  # fmt: skip
     assert headings == sorted(headings)
     for name in (HEATMAP, PHASES, MEMORY):
         assert f"(charts/{name}.png)" in text

@@ -17,6 +17,7 @@ import shutil
 import socket
 import time
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,16 @@ def _inspect(cfg: DemoConfig, result: DemoResult, findings: dict[str, Any]) -> N
         if not response.json()["data"]["result"]:
             empty.append((dashboard, title, expr))
     findings["empty_panels"] = empty
+    # Which ranks TrainingRankDown fired for, over the whole run.
+    fired = prometheus.get(
+        "/api/v1/query",
+        params={
+            "query": f'max_over_time(ALERTS{{alertname="{contract.Alert.TRAINING_RANK_DOWN.value}",'
+            f'alertstate="firing"}}[{int(end - start) + 60}s])',
+            "time": end,
+        },
+    ).json()["data"]["result"]
+    findings["rank_down"] = sorted(int(series["metric"][contract.LABEL_RANK]) for series in fired)
     exemplars = prometheus.get(
         "/api/v1/query_exemplars",
         params={
@@ -158,7 +169,8 @@ def test_the_drill(tmp_path: Path) -> None:
     for fault, outcome in result.outcomes.items():
         print(
             f"{fault}: detection {outcome.detection_s} s, action {outcome.action_s} s, "
-            f"MTTR {outcome.recovered_s} s"
+            f"MTTR {outcome.recovered_s} s, verified {outcome.verified_recovery_s} s, "
+            f"outcome {outcome.outcome}, rung {outcome.rung}"
         )
     print(f"targets: {TARGETS}")
 
@@ -171,6 +183,19 @@ def test_the_drill(tmp_path: Path) -> None:
         assert outcome.detection_s is not None and outcome.detection_s < 120, fault
         assert outcome.action_s is not None and outcome.action_s < 60, fault
         assert outcome.recovered_s is not None and outcome.recovered_s < 240, fault
+    # The service verified every repair: each fault's incident ended recovered, on the first rung
+    # of its ladder, and the run's success rate is 100%.
+    for fault, outcome in result.outcomes.items():
+        assert outcome.outcome == "recovered" and outcome.rung == 0, (fault, outcome.incident)
+        incident = outcome.incident
+        assert incident is not None and not incident["paged"], fault
+        times = ("detected_at", "acted_at", "recovered_at")
+        detected, acted, recovered = (datetime.fromisoformat(incident[key]) for key in times)
+        assert detected <= acted <= recovered, (fault, incident)
+    reliability = result.drill_report()["reliability"]
+    assert reliability["success_rate"] == 1.0 and reliability["open"] == 0, reliability
+    # The excluded node's ranks (2 and 3) were removed on purpose: no TrainingRankDown for them.
+    assert not {2, 3} & set(findings["rank_down"]), findings["rank_down"]
     excluded = result.outcomes["straggler"].action
     assert excluded is not None and excluded["subject"] == DEMO_JOB_ID
     assert excluded["alert"]["labels"][contract.LABEL_NODE] == "node-b"

@@ -677,3 +677,47 @@ def test_the_same_registry_can_be_instrumented_again_after_uninstrument() -> Non
         handle.uninstrument()
         # Readable after uninstrument; the next handle starts from zero.
         assert sample(registry, "trainguard_steps_total") == 2
+
+
+def test_step_world_size_and_rank_index_are_exported_as_values() -> None:
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    registry = CollectorRegistry()
+    handle = instrument(model, optimizer, registry=registry, rank=3, world_size=4)
+    labels = {"rank": "3", "local_rank": "3"}
+    # Set at instrument time, before any step: the rules need membership from the first scrape.
+    assert sample(registry, "trainguard_world_size", **labels) == 4
+    assert sample(registry, "trainguard_rank_index", **labels) == 3
+    assert sample(registry, "trainguard_step", **labels) == 0
+    run_steps(model, optimizer, 3)
+    handle.flush()
+    # The hook's counter after the last step ended: three steps done.
+    assert sample(registry, "trainguard_step", **labels) == 3
+    handle.uninstrument()
+
+
+def test_the_step_continues_from_start_step_after_a_restart_from_a_checkpoint() -> None:
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    registry = CollectorRegistry()
+    handle = instrument(model, optimizer, registry=registry)
+    run_steps(model, optimizer, 5)
+    handle.flush()
+    assert sample(registry, "trainguard_step") == 5
+    handle.uninstrument()
+    # The job restarts from a checkpoint of step 2: it reports that step until a step ends,
+    # then counts on from it (the verifier waits for it to pass 5).
+    handle = instrument(model, optimizer, registry=registry, start_step=2)
+    assert sample(registry, "trainguard_step") == 2
+    run_steps(model, optimizer, 4)
+    handle.flush()
+    assert sample(registry, "trainguard_step") == 6
+    assert sample(registry, "trainguard_world_size") == 1
+    assert sample(registry, "trainguard_rank_index") == 0
+    # Numbering set after instrument (set_step) counts the same way.
+    handle.set_step(40)
+    assert sample(registry, "trainguard_step") == 40
+    run_steps(model, optimizer, 1)
+    handle.flush()
+    assert sample(registry, "trainguard_step") == 41
+    handle.uninstrument()

@@ -6,6 +6,7 @@ on a database of their own in the session's Postgres cluster (:mod:`tests.remedi
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -90,6 +91,20 @@ class RecordingExecutor:
 
 
 both_backends = pytest.mark.parametrize("settings", ["sqlite", "postgres"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logging() -> Iterator[None]:
+    """Undo the process logging a test's run of the service command sets up: its ECS handlers
+    add the process's identity to every record, which later tests' records must not carry."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from tests.remediation.conftest import (
     payload,
     rows,
     serve,
+    wait_for,
 )
 from trainguard import contract
 from trainguard.remediation.app import create_app
@@ -129,6 +130,14 @@ def test_resolved_cancels_pending_actions(settings: Settings) -> None:
         actions = client.get("/v1/actions", headers=AUTH).json()["actions"]
         restart = next(a for a in actions if a["action"] == "restart_from_checkpoint")
         assert restart["state"] == "awaiting_approval"
+        dump = next(a for a in actions if a["action"] == "dump_diagnostics")
+        # The worker claims the queued directive on its own time: once it has, the restart
+        # awaiting approval is the one action the resolution finds pending.
+        wait_for(
+            lambda: (
+                client.get(f"/v1/actions/{dump['id']}", headers=AUTH).json()["state"] != "queued"
+            )
+        )
         resolved = payload(alert(job_id="j1", status="resolved"), status="resolved")
         body = client.post("/v1/alertmanager", json=resolved, headers=AUTH).json()
         assert body["resolved"] == 1 and body["cancelled_actions"] == 1

@@ -1,9 +1,11 @@
 """``trainguard demo``: the detect -> alert -> remediate loop on one machine, no Docker.
 
 Starts the stack (:mod:`.stack`), runs the fault-injecting job as two torchrun elastic nodes,
-shows a live view (steps/s, per-rank step time, alerts firing, actions taken), and at the end
-measures each fault's detection latency, action latency and time to recovery, writes the
-incident report and prints where everything is. Ctrl-C stops every process it started.
+shows a live view (steps/s, per-rank step time, alerts firing, actions taken, the service's
+success rate and MTTR), and at the end measures each fault's detection latency, action latency
+and time to recovery, waits for the service to verify each repair (the incident's outcome and
+the rung of its ladder it reached), writes the incident report and prints where everything is.
+Ctrl-C stops every process it started.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ EXPECTED: dict[FaultKind, tuple[contract.Alert, contract.Action]] = {
     FaultKind.OOM: (contract.Alert.TRAINING_OOM, contract.Action.SPLIT_MICRO_BATCHES),
 }
 TARGETS = {"hang_detection_s": 30.0, "straggler_detection_s": 60.0, "mttr_s": 120.0}
+# After training ends, how long the demo waits for the service to close every incident (the
+# last fault's alert resolves, and the verifier sees it, some seconds after the repair).
+VERIFY_WAIT_SECONDS = 90.0
+CLOSED = "closed"
 
 
 @dataclass
@@ -45,10 +51,33 @@ class FaultOutcome:
     action_done_s: float | None = None
     recovered_s: float | None = None
     action: dict[str, Any] | None = None
+    incident: dict[str, Any] | None = None  # the service's verdict on the repair
 
     @property
     def detection_s(self) -> float | None:
         return self.alert_received_s
+
+    @property
+    def outcome(self) -> str | None:
+        """recovered / not_recovered / worse as the service verified it; None while open."""
+        return None if self.incident is None else self.incident.get("outcome")
+
+    @property
+    def rung(self) -> int | None:
+        return None if self.incident is None else int(self.incident["rung"])
+
+    @property
+    def verified_recovery_s(self) -> float | None:
+        """From injection to the service's verified recovery (alert resolved, steps past)."""
+        return self._since_injection("recovered_at")
+
+    @property
+    def acted_s(self) -> float | None:
+        return self._since_injection("acted_at")
+
+    def _since_injection(self, key: str) -> float | None:
+        moment = None if self.incident is None else self.incident.get(key)
+        return None if moment is None else _timestamp(moment) - self.injected_at
 
     @property
     def action_s(self) -> float | None:
@@ -65,12 +94,61 @@ class DemoResult:
     actions: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
 
-    def drill_report(self) -> dict[str, dict[str, float | None]]:
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+
+    def drill_report(self) -> dict[str, Any]:
         return {
             "detection_s": {k: o.detection_s for k, o in self.outcomes.items()},
             "action_s": {k: o.action_s for k, o in self.outcomes.items()},
             "mttr_s": {k: o.recovered_s for k, o in self.outcomes.items()},
+            "acted_s": {k: o.acted_s for k, o in self.outcomes.items()},
+            "verified_recovery_s": {k: o.verified_recovery_s for k, o in self.outcomes.items()},
+            "outcome": {k: o.outcome for k, o in self.outcomes.items()},
+            "rung": {k: o.rung for k, o in self.outcomes.items()},
+            "reliability": Reliability.of(self.incidents).as_dict(),
         }
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """The numbers a team's reliability report leads with, over the service's incidents."""
+
+    closed: int
+    recovered: int
+    open: int
+    mttr_s: float | None  # mean of detected -> verified recovery, over recovered incidents
+
+    @property
+    def success_rate(self) -> float | None:
+        return None if not self.closed else self.recovered / self.closed
+
+    @classmethod
+    def of(cls, incidents: list[dict[str, Any]]) -> Reliability:
+        closed = [i for i in incidents if i.get("state") == CLOSED]
+        recovered = [i for i in closed if i.get("outcome") == "recovered" and i["recovered_at"]]
+        times = [_timestamp(i["recovered_at"]) - _timestamp(i["detected_at"]) for i in recovered]
+        return cls(
+            closed=len(closed),
+            recovered=len(recovered),
+            open=len(incidents) - len(closed),
+            mttr_s=sum(times) / len(times) if times else None,
+        )
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "closed": self.closed,
+            "recovered": self.recovered,
+            "open": self.open,
+            "success_rate": self.success_rate,
+            "mttr_s": self.mttr_s,
+        }
+
+    def line(self) -> str:
+        rate = "-" if self.success_rate is None else f"{100 * self.success_rate:.0f}%"
+        return (
+            f"incidents: {self.closed} closed ({self.recovered} recovered), {self.open} open | "
+            f"success rate {rate} | MTTR {_fmt(self.mttr_s)} s"
+        )
 
 
 def read_events(cfg: DemoConfig) -> list[dict[str, Any]]:
@@ -105,8 +183,37 @@ def fetch_actions(cfg: DemoConfig) -> list[dict[str, Any]]:
     return actions
 
 
+def fetch_incidents(cfg: DemoConfig) -> list[dict[str, Any]]:
+    """The service's incidents of the demo's job (its verdict on each repair)."""
+    token = cfg.token_file.read_text().strip()
+    response = httpx.get(
+        f"{cfg.url('remediation')}/v1/incidents",
+        params={"job_id": DEMO_JOB_ID, "limit": 100},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=5,
+    )
+    response.raise_for_status()
+    incidents: list[dict[str, Any]] = response.json()["incidents"]
+    return incidents
+
+
+def incident_of(
+    kind: FaultKind, injected_at: float, incidents: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The first incident of this fault's failure detected after its injection."""
+    later = [
+        i
+        for i in incidents
+        if i.get("failure") == kind.value and _timestamp(i["detected_at"]) >= injected_at
+    ]
+    return min(later, key=lambda i: _timestamp(i["detected_at"]), default=None)
+
+
 def outcomes(
-    cfg: DemoConfig, actions: list[dict[str, Any]], events: list[dict[str, Any]]
+    cfg: DemoConfig,
+    actions: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    incidents: list[dict[str, Any]] | None = None,
 ) -> dict[str, FaultOutcome]:
     """Match each injected fault to its alert, its action and the training's recovery."""
     ledger = FaultLedger(cfg.checkpoint_dir)
@@ -117,6 +224,7 @@ def outcomes(
         if fired is None:
             continue
         outcome = FaultOutcome(kind.value, fired.at)
+        outcome.incident = incident_of(kind, fired.at, incidents or [])
         matching = sorted(
             (
                 a
@@ -188,8 +296,11 @@ class LiveView:
         print(f"         alerts firing: {firing}", flush=True)
         try:
             actions = fetch_actions(self.cfg)
+            incidents = fetch_incidents(self.cfg)
         except (httpx.HTTPError, OSError):
             return
+        if incidents:
+            print(f"         {Reliability.of(incidents).line()}", flush=True)
         for action in sorted(actions, key=lambda a: a["id"]):
             if action["id"] not in self.seen_actions and action["state"] in (
                 "succeeded",
@@ -232,15 +343,17 @@ def run_demo(
                 finished = True
                 break
         time.sleep(2)  # let the last scrape and evaluation land
+        incidents = wait_for_verdicts(cfg, view)
         events = read_events(cfg)
         actions = fetch_actions(cfg)
         finishes = [e for e in events if e.get("event") == "finish"]
         result = DemoResult(
             finished=finished,
             final_step=finishes[-1]["step"] if finishes else None,
-            outcomes=outcomes(cfg, actions, events),
+            outcomes=outcomes(cfg, actions, events, incidents),
             actions=actions,
             events=events,
+            incidents=incidents,
         )
         write_incident_report(cfg, result)
         write_summary(cfg, result)
@@ -252,6 +365,26 @@ def run_demo(
             print("the stack stays up; Ctrl-C stops it", flush=True)
             signal.pause()
     return result
+
+
+def wait_for_verdicts(
+    cfg: DemoConfig, view: LiveView, timeout_s: float = VERIFY_WAIT_SECONDS
+) -> list[dict[str, Any]]:
+    """Wait until the service has closed every incident of the job (or ``timeout_s``), showing
+    the live view meanwhile; returns the incidents as they then stand."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            incidents = fetch_incidents(cfg)
+        except (httpx.HTTPError, OSError) as error:
+            print(f"no incidents from the remediation service: {error}", flush=True)
+            return []
+        waiting = [i for i in incidents if i.get("state") != CLOSED]
+        if not waiting or time.monotonic() >= deadline:
+            return incidents
+        print(f"waiting for the service to verify {len(waiting)} repair(s) ...", flush=True)
+        time.sleep(3)
+        view.show()
 
 
 def _wait_ready(cfg: DemoConfig, timeout_s: float = 60.0) -> None:
@@ -313,16 +446,23 @@ def write_summary(cfg: DemoConfig, result: DemoResult) -> Path:
         f"Training {'finished' if result.finished else 'did NOT finish'} at step "
         f"{result.final_step}.",
         "",
-        "| fault | detected (s) | action | action took (s) | training again (s) |",
-        "|---|---|---|---|---|",
+        "Seconds from each fault's injection: the alert reached the service (detected), the "
+        "repair was carried out (acted), training stepped again, and the service verified the "
+        "recovery (its alert resolved and the steps passed the one reached before).",
+        "",
+        "| fault | detected | action | acted | training again | verified | outcome | rung |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, outcome in result.outcomes.items():
         action = outcome.action["action"] if outcome.action else "none"
         lines.append(
-            f"| {name} | {_fmt(outcome.detection_s)} | {action} | {_fmt(outcome.action_s)} | "
-            f"{_fmt(outcome.recovered_s)} |"
+            f"| {name} | {_fmt(outcome.detection_s)} | {action} | {_fmt(outcome.acted_s)} | "
+            f"{_fmt(outcome.recovered_s)} | {_fmt(outcome.verified_recovery_s)} | "
+            f"{outcome.outcome or 'open'} | {'-' if outcome.rung is None else outcome.rung} |"
         )
     lines += [
+        "",
+        Reliability.of(result.incidents).line(),
         "",
         "The incident report (`trainguard diagnose`, with charts): `incident/report.md`.",
         "",
@@ -363,9 +503,11 @@ def print_where(cfg: DemoConfig, result: DemoResult) -> None:
     for name, outcome in result.outcomes.items():
         print(
             f"{name}: detection {_fmt(outcome.detection_s)} s, action {_fmt(outcome.action_s)} s,"
-            f" MTTR {_fmt(outcome.recovered_s)} s",
+            f" MTTR {_fmt(outcome.recovered_s)} s, verified {_fmt(outcome.verified_recovery_s)}"
+            f" s, outcome {outcome.outcome or 'open'}, rung {outcome.rung}",
             flush=True,
         )
+    print(Reliability.of(result.incidents).line(), flush=True)
     print(
         f"targets: stalled-collective alert <= {TARGETS['hang_detection_s']:.0f} s, straggler "
         f"alert <= {TARGETS['straggler_detection_s']:.0f} s, MTTR <= {TARGETS['mttr_s']:.0f} s",

@@ -43,11 +43,15 @@ DEMO_THRESHOLDS: dict[str, Any] = {
     "stalled_for": "10s",
     "rank_down_for": "10s",
     "rank_absent_window": "2m",
-    "oom_window": "2m",
+    # An OOM alert stays firing for this long after the OOM; the service verifies the repair only
+    # once it resolves, so a short window lets the demo's last fault be verified in time.
+    "oom_window": "30s",
     "nccl_timeout_window": "2m",
     "dataloader_for": "1m",
     "fragmentation_for": "1m",
 }
+# How long the service gives each of the demo's repairs to show recovery before it escalates.
+VERIFY_SECONDS = 60.0
 # The hook's own watchdog floor: below the alert's floor, so dumps exist when the alert fires.
 HOOK_STALL_FLOOR_SECONDS = 4.0
 
@@ -66,6 +70,9 @@ def demo_policy(cfg: DemoConfig) -> dict[str, Any]:
         {"action": contract.Action.DUMP_DIAGNOSTICS.value},
         {"action": contract.Action.RESTART_FROM_CHECKPOINT.value},
     ]
+    # Each repair is verified within VERIFY_SECONDS; one that did not work climbs its ladder,
+    # and the last rung pages a human through Alertmanager.
+    page = {"action": contract.Action.PAGE.value}
     rules: list[dict[str, Any]] = [
         {
             "alert": contract.Alert.TRAINING_STRAGGLER.value,
@@ -77,22 +84,36 @@ def demo_policy(cfg: DemoConfig) -> dict[str, Any]:
                     "cooldown_seconds": 600,
                 }
             ],
+            "verify_seconds": VERIFY_SECONDS,
+            "escalate": [page],
         },
         {
             "alert": contract.Alert.TRAINING_COLLECTIVE_STALLED.value,
             "matchers": only_demo,
             "actions": restart,
+            "verify_seconds": VERIFY_SECONDS,
+            "escalate": [page],
         },
         {
             "alert": contract.Alert.TRAINING_NCCL_TIMEOUT.value,
             "matchers": only_demo,
             "actions": restart,
+            "verify_seconds": VERIFY_SECONDS,
+            "escalate": [page],
         },
         {
             "alert": contract.Alert.TRAINING_OOM.value,
             "matchers": only_demo,
             "actions": [
                 {"action": contract.Action.SPLIT_MICRO_BATCHES.value, "params": {"factor": 2}}
+            ],
+            "verify_seconds": VERIFY_SECONDS,
+            "escalate": [
+                {
+                    "action": contract.Action.RESTART_FROM_CHECKPOINT.value,
+                    "verify_seconds": VERIFY_SECONDS,
+                },
+                page,
             ],
         },
     ]
@@ -152,8 +173,17 @@ def write_configs(cfg: DemoConfig) -> dict[str, Path]:
             "group_wait": "1s",
             "group_interval": "2s",
             "repeat_interval": "1h",
+            # The service's own page goes to people (here: nobody; Alertmanager's UI shows it),
+            # never back to the service.
+            "routes": [
+                {
+                    "matchers": [f'alertname="{contract.REMEDIATION_FAILED_ALERT}"'],
+                    "receiver": "humans",
+                }
+            ],
         },
         "receivers": [
+            {"name": "humans"},
             {
                 "name": "remediation",
                 "webhook_configs": [
@@ -163,7 +193,7 @@ def write_configs(cfg: DemoConfig) -> dict[str, Path]:
                         "http_config": {"authorization": {"credentials_file": str(cfg.token_file)}},
                     }
                 ],
-            }
+            },
         ],
     }
     return {
@@ -272,6 +302,12 @@ class Stack:
                 # Every action the service takes gets a `trainguard diagnose` report.
                 "TRAINGUARD_REMEDIATION_DIAGNOSE_PROMETHEUS_URL": cfg.url("prometheus"),
                 "TRAINGUARD_REMEDIATION_DIAGNOSE_DUMPS_DIR": str(cfg.dumps),
+                # Every repair is verified from Prometheus; a ladder's last rung pages through
+                # Alertmanager.
+                "TRAINGUARD_REMEDIATION_PROMETHEUS_URL": cfg.url("prometheus"),
+                "TRAINGUARD_REMEDIATION_ALERTMANAGER_URL": cfg.url("alertmanager"),
+                "TRAINGUARD_REMEDIATION_PUBLIC_URL": cfg.url("remediation"),
+                "TRAINGUARD_REMEDIATION_VERIFY_INTERVAL_SECONDS": "1",
             },
         )  # fmt: skip
         self._start(

@@ -2,7 +2,9 @@
 
 :func:`diagnose` reads one job's series from Prometheus, the hook's events and raw logs, and
 the Flight Recorder dumps of a hang, and returns a :class:`Report`: symptom, scope, ranked
-root-cause candidates with their evidence, advice, and (with ``charts_dir``) PNG charts.
+root-cause candidates with their evidence, what to do now, whether the remediation service's
+repairs worked (validate, from its incidents), the settings that prevent each cause (prevent),
+and (with ``charts_dir``) PNG charts.
 Needs httpx and PyYAML (the ``diagnose`` extra, which adds matplotlib for the charts); torch
 only to analyse Flight Recorder dumps.
 """
@@ -12,16 +14,19 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from trainguard.contract import Failure
 from trainguard.diagnose.model import Candidate, Chart, Report, Scope, ScopeLevel, Symptom
 from trainguard.diagnose.prometheus import PrometheusClient, PrometheusError
 from trainguard.diagnose.signals import NoDataError
+from trainguard.diagnose.validate import IncidentsError
 
 __all__ = [
     "Candidate",
     "Chart",
     "Failure",
+    "IncidentsError",
     "NoDataError",
     "PrometheusError",
     "Report",
@@ -44,6 +49,9 @@ def diagnose(
     timeout: float = 30.0,
     sustain_seconds: float = 300.0,
     min_step_seconds: float = 15.0,
+    incidents: Sequence[Any] | None = None,
+    incidents_source: str = "the caller",
+    incidents_gap: str | None = None,
 ) -> Report:
     """Diagnose ``job_id`` over ``[until - since_seconds, until]`` (``until`` defaults to now).
 
@@ -51,12 +59,19 @@ def diagnose(
     ``sustain_seconds`` (default: the alerts' own scale; the demo uses seconds).
     ``min_step_seconds`` is the finest query step: the scrape interval.
 
+    ``incidents`` are the remediation service's IncidentView documents of the job (from
+    ``incidents_source``), which the Validate section reports; ``incidents_gap`` says why they
+    could not be read, and the report names that gap instead. Malformed documents and other
+    jobs' are left out with a note.
+
     Raises PrometheusError when Prometheus cannot be queried and NoDataError when it holds
     nothing about the job in the window.
     """
     from trainguard.diagnose.analysis import run
     from trainguard.diagnose.evidence import read_dumps, read_logs
+    from trainguard.diagnose.prevent import plan
     from trainguard.diagnose.signals import collect
+    from trainguard.diagnose.validate import validate
 
     end = time.time() if until is None else until
     start = end - since_seconds
@@ -89,6 +104,15 @@ def diagnose(
                 f"Flight Recorder: {len(stall_dumps)} stall folder(s) under {dumps}"
             )
     ctx = run(sig, log_evidence, stall_dumps, report)
+    if incidents is not None or incidents_gap is not None:
+        # Validate reads the diagnosis (did it see what the service acted on); Prevent reads
+        # what a restart cost.
+        report.validation = validate(incidents or (), report, incidents_source, incidents_gap)
+        report.inputs.append(
+            f"remediation incidents: {len(report.validation.incidents)} of this job from "
+            f"{incidents_source}" + (f" (not read: {incidents_gap})" if incidents_gap else "")
+        )
+    plan(ctx)
     if charts_dir is not None:
         from trainguard.diagnose.charts import draw_all
 

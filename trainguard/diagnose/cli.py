@@ -2,15 +2,21 @@
 
 Exit status: 1 a failure was found (the report says which), 0 nothing was found, 2 the
 diagnosis could not run (bad arguments, Prometheus unreachable, no data about the job).
+Incidents that cannot be read (the remediation service unreachable, a bad file) do not stop
+it: the report names the gap in its Validate section and a warning goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
+
+from trainguard import contract
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -64,14 +70,64 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="also write report.json")
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     parser.add_argument(
-        "--timeout", type=float, default=30.0, help="seconds per Prometheus query (default 30)"
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds per Prometheus query and per remediation request (default 30)",
     )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--remediation-url",
+        metavar="URL",
+        help="the remediation service: its incidents of the job fill the Validate section",
+    )
+    source.add_argument(
+        "--incidents",
+        type=Path,
+        metavar="FILE",
+        help='a saved GET /v1/incidents answer ({"incidents": [...]}) instead of the service',
+    )
+    parser.add_argument(
+        "--remediation-token-file",
+        type=Path,
+        metavar="FILE",
+        help=f"the service's bearer token (default ${contract.ENV_REMEDIATION_TOKEN})",
+    )
+
+
+def incidents(args: argparse.Namespace) -> tuple[list[Any] | None, str, str | None]:
+    """The job's incident documents, where they came from, and why not when they could not be
+    read (None, None when none were asked for)."""
+    from trainguard.diagnose.validate import IncidentsError, fetch, load_file
+
+    if args.incidents is not None:
+        where = f"the incidents file {args.incidents}"
+        try:
+            return load_file(args.incidents), where, None
+        except IncidentsError as exc:
+            return None, where, str(exc)
+    if args.remediation_url is None:
+        return None, "", None
+    where = f"the remediation service at {args.remediation_url}"
+    token = os.environ.get(contract.ENV_REMEDIATION_TOKEN)
+    if args.remediation_token_file is not None:
+        try:
+            token = args.remediation_token_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            return None, where, f"cannot read the token file {args.remediation_token_file}: {exc}"
+    try:
+        return fetch(args.remediation_url, args.job_id, token, args.timeout), where, None
+    except IncidentsError as exc:
+        return None, where, str(exc)
 
 
 def run(args: argparse.Namespace) -> int:
     from trainguard.diagnose import NoDataError, PrometheusError, diagnose
     from trainguard.diagnose.render import as_json, markdown
 
+    documents, source, gap = incidents(args)
+    if gap:
+        print(f"trainguard diagnose: incidents not read: {gap}", file=sys.stderr)
     safe_job = re.sub(r"[^A-Za-z0-9_.-]", "_", args.job_id)
     out: Path = args.out or Path(f"diagnose-{safe_job}")
     try:
@@ -85,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
             charts_dir=None if args.no_charts else out / "charts",
             timeout=args.timeout,
             sustain_seconds=args.sustain,
+            incidents=documents,
+            incidents_source=source,
+            incidents_gap=gap,
         )
     except (PrometheusError, NoDataError) as exc:
         print(f"trainguard diagnose: {exc}", file=sys.stderr)

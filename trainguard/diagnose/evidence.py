@@ -35,6 +35,7 @@ class Event:
     rank: int | None
     node: str | None
     details: dict[str, Any]
+    step: int | None = None
 
 
 @dataclass
@@ -121,6 +122,7 @@ def _event(raw: bytes, job_id: str, evidence: LogEvidence) -> None:
         return
     rank = _field(doc, contract.FIELD_RANK)
     details = _field(doc, contract.FIELD_DETAILS)
+    step = _field(doc, contract.FIELD_STEP)
     evidence.events.append(
         Event(
             kind=kind,
@@ -129,6 +131,7 @@ def _event(raw: bytes, job_id: str, evidence: LogEvidence) -> None:
             rank=int(rank) if isinstance(rank, (str, int)) and str(rank).isdigit() else None,
             node=_field(doc, contract.FIELD_NODE),
             details=details if isinstance(details, dict) else {},
+            step=int(step) if isinstance(step, (str, int)) and str(step).isdigit() else None,
         )
     )
 

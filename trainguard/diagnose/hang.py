@@ -242,21 +242,15 @@ def _do_now(ctx: Context, suspects: list[int], evidence: list[str]) -> list[str]
 
 
 def _prevention(ctx: Context, facts: dict[str, object]) -> list[str]:
-    prevention = [
-        "Keep the Flight Recorder on (TORCH_FR_BUFFER_SIZE=2000, TORCH_NCCL_DUMP_ON_TIMEOUT=1) "
-        "so every hang leaves dumps like these."
-    ]
+    """Practices; the settings (timeout, NCCL error handling, Flight Recorder) are the
+    Prevent section's (:mod:`trainguard.diagnose.prevent`), from ``facts``."""
     timeout = adaptive_timeout(ctx)
     if timeout is not None:
         facts["recommended_timeout_seconds"] = timeout[0]
-        prevention.insert(
-            0,
-            f"Set the process-group timeout to {timeout[0]:.0f} s "
-            f"(init_process_group(timeout=timedelta(seconds={timeout[0]:.0f})) and "
-            f"TRAINGUARD_STALL_FLOOR_SECONDS) instead of NCCL's default 10 min: "
-            f"{timeout[1]}.",
-        )
-    return prevention
+    return [
+        "Keep trainguard's collective watchdog on and its dump folder where diagnose can read "
+        "it: it flags a stall long before NCCL's timeout and dumps every rank's stack."
+    ]
 
 
 def _summary(suspects: list[int], facts: dict[str, object]) -> str:

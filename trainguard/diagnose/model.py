@@ -1,4 +1,6 @@
-"""The incident report as data: symptoms, scope, ranked root-cause candidates, advice, charts.
+"""The incident report as data: symptoms, scope, ranked root-cause candidates, advice, what
+remediation did and whether training recovered (validate), the settings that prevent each cause
+(prevent), charts.
 
 The Markdown and JSON renderings (:mod:`trainguard.diagnose.render`) and the remediation
 service's stored copy are all made from one :class:`Report`.
@@ -10,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.contract import Failure
+from trainguard.contract import Failure, IncidentOutcome, JobOutcome
 
 
 class ScopeLevel(str, enum.Enum):
@@ -54,6 +56,96 @@ class Candidate:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
+# The state of an incident the verifier has concluded: the service's IncidentState.CLOSED (its
+# models need pydantic, which diagnose does not).
+INCIDENT_CLOSED = "closed"
+
+
+@dataclass
+class RungTried:
+    """One rung of an incident's ladder: the action tried and what became of it."""
+
+    rung: int
+    action: str
+    action_id: int
+    state: str
+    at: float | None
+    verdict: str
+
+
+@dataclass
+class IncidentRecord:
+    """One remediation incident of the job (the service's IncidentView), with the durations
+    between its milestones: detect (first evidence -> alert firing), act (firing -> first
+    repair), recover (firing -> verified recovery, the MTTR)."""
+
+    id: int
+    subject: str
+    failure: Failure | None
+    alert: str
+    fingerprint: str
+    state: str
+    outcome: IncidentOutcome | None
+    job_outcome: JobOutcome | None
+    rung: int
+    rung_action: str
+    paged: bool
+    first_evidence_at: float | None
+    detected_at: float | None
+    received_at: float | None
+    acted_at: float | None
+    recovered_at: float | None
+    closed_at: float | None
+    deadline_at: float | None
+    baseline_step: int | None
+    baseline_ranks_up: int | None
+    tried: list[RungTried]
+    note: str
+    time_to_detect_seconds: float | None = None
+    time_to_act_seconds: float | None = None
+    time_to_recover_seconds: float | None = None
+    # A rung past the first plan was tried.
+    escalated: bool = False
+    # The action of the rung that recovered training (None unless the outcome is recovered).
+    recovered_by: str | None = None
+    # Whether this report found a symptom of the incident's failure in its window.
+    diagnosed: bool | None = None
+
+
+@dataclass
+class Validation:
+    """What remediation did about the job and whether training recovered."""
+
+    source: str
+    incidents: list[IncidentRecord] = field(default_factory=list)
+    # Why the incidents could not be read (service unreachable, a malformed file); the rest of
+    # the report stands.
+    gap: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Setting:
+    """One concrete configuration change, where it goes, and the report's facts behind it."""
+
+    name: str
+    value: str
+    where: str
+    evidence: list[str]
+
+
+@dataclass
+class Prevention:
+    """What avoids one root cause next time: settings with their evidence, then the
+    candidate's own advice that no setting expresses."""
+
+    cause: str
+    failure: Failure | None
+    summary: str
+    settings: list[Setting]
+    practices: list[str]
+
+
 @dataclass
 class Chart:
     """A PNG and the data drawn in it (kept so the JSON report and tests can read it)."""
@@ -74,6 +166,8 @@ class Report:
     symptoms: list[Symptom] = field(default_factory=list)
     scope: Scope = field(default_factory=lambda: Scope(ScopeLevel.UNKNOWN, "no failure found"))
     candidates: list[Candidate] = field(default_factory=list)
+    validation: Validation | None = None
+    prevention: list[Prevention] = field(default_factory=list)
     charts: list[Chart] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

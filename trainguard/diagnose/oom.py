@@ -176,8 +176,8 @@ def _fragmentation(ctx: Context, m: _Memory, log_ooms: list[Finding]) -> None:
                 "can split the failing step into micro-batches meanwhile.",
             ],
             [
-                "Keep expandable_segments:True in the job's environment; avoid tensor "
-                "shapes that change every step (pad variable-length batches to buckets).",
+                "Avoid tensor shapes that change every step (pad variable-length batches "
+                "to buckets): each new shape leaves cached blocks no later request fits.",
             ],
             m.facts(),
         )
@@ -222,8 +222,8 @@ def _does_not_fit(ctx: Context, m: _Memory) -> None:
                 "accumulation (the remediation service's split_micro_batches)."
             ],
             [
-                "Enable activation checkpointing, bf16, or shard parameters and "
-                "optimizer state (FSDP/ZeRO)."
+                "Beyond smaller micro-batches and activation checkpointing: bf16, or shard "
+                "parameters and optimizer state (FSDP/ZeRO)."
             ],
             m.facts(),
         )

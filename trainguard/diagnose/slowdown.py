@@ -43,7 +43,7 @@ def analyse(ctx: Context) -> None:
         ),
         Scope(ScopeLevel.JOB, "all ranks at once: data, storage, network or the code", ranks),
     )
-    sockets = _socket_nodes(ctx)
+    sockets = socket_nodes(ctx)
     ctx.candidate(
         Candidate(
             "shared_dependency",
@@ -61,7 +61,7 @@ def analyse(ctx: Context) -> None:
     )
 
 
-def _socket_nodes(ctx: Context) -> list[str]:
+def socket_nodes(ctx: Context) -> list[str]:
     """Nodes with a NCCL communicator on the TCP socket transport (``nccl_socket_transport``,
     the NcclSocketTransportFallback alert's anchored regex)."""
     pattern = ctx.thresholds.nccl_socket_transport

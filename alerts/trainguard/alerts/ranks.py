@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trainguard import contract
 from trainguard.alerts.promql import RANK, RANK_UP, J, R, on_scheduler_of_job
 from trainguard.alerts.rule import WHO, AlertRule
 from trainguard.contract import Alert, Failure, Severity
@@ -10,14 +11,44 @@ from trainguard.thresholds import Thresholds
 FAILURES = (Failure.RANK_FAILURE,)
 
 
+def _left_out(window: str) -> str:
+    """Ranks (job_id, rank) the job re-formed without: the last index a rank reported (kept for
+    ``window``, so a vanished target still has one) at or above the world size its job's live
+    ranks report now.
+
+    A job that excludes a node or scales down re-forms smaller; the ranks it left behind are at
+    or above the new world size. Where either value is unknown (a hook without the gauges,
+    ranks that have not reported yet) no rank is taken for left out.
+    """
+    return (
+        f"  max by ({J}, {R}) (last_over_time({contract.RANK_INDEX.name}[{window}]))\n"
+        f"  >= on ({J}) group_left ()\n"
+        f"  max by ({J}) ({contract.WORLD_SIZE.name})"
+    )
+
+
+def _complete() -> str:
+    """Jobs whose every member is up: as many distinct live ranks as their world size. Any
+    other rank of such a job is not a member, however long ago it reported its index (a killed
+    rank's ``file_sd`` target can stay listed, and down, for the rest of the job)."""
+    return (
+        f"  count by ({J}) (group by ({J}, {R}) ({RANK_UP} == 1))\n"
+        f"  >= on ({J})\n"
+        f"  max by ({J}) ({contract.WORLD_SIZE.name})"
+    )
+
+
 def _rank_down(t: Thresholds) -> AlertRule:
-    """A rank's endpoint down (up 0) or gone (target vanished) while its job still runs."""
+    """A member rank's endpoint down (up 0) or gone (target vanished) while its job still
+    runs; ranks the job re-formed without are not down, they were left out."""
     rank_down = (
         f"(\n  (max by ({RANK}) ({RANK_UP}) == 0)\n"
         f"  unless on ({J}, {R}) ({RANK_UP} == 1)\n"
         f"or\n  group by ({RANK}) (max_over_time({RANK_UP}[{t.rank_absent_window}]))\n"
         f"  unless on ({J}, {R}) {RANK_UP}\n)\n"
-        f"and on ({J}) (max by ({J}) ({RANK_UP}) == 1)"
+        f"and on ({J}) (max by ({J}) ({RANK_UP}) == 1)\n"
+        f"unless on ({J}, {R}) (\n{_left_out(t.rank_absent_window)}\n)\n"
+        f"unless on ({J}) (\n{_complete()}\n)"
     )
     return AlertRule(
         alert=Alert.TRAINING_RANK_DOWN,

@@ -1,10 +1,14 @@
 """The recording rules: per-rank and per-job series every alert, dashboard and diagnosis reads.
 
-They run first in the one rule group, in this order (later rules read earlier ones), so every
-alert of an evaluation reads the recording rules of that same evaluation.
+They run first in the main rule group, in this order (later rules read earlier ones), so every
+alert of an evaluation reads the recording rules of that same evaluation. The reliability
+rules (the remediation service's success rate and MTTR over an hour to a week) feed dashboards
+only, so they run in a group of their own, once a minute.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from trainguard import contract
 from trainguard.alerts.promql import PHASE, RANK, SCHEDULER, J, N, mean, num, quantile
@@ -149,7 +153,67 @@ def _hangs(t: Thresholds) -> list[Rule]:
 
 
 def recording_rules(t: Thresholds) -> list[dict[str, str]]:
-    """The recording rules, in evaluation order (later rules read earlier ones)."""
+    """The recording rules of the main group, in evaluation order (later rules read earlier
+    ones)."""
     w = t.rate_window
     rules = [*_schedulers(t), *_step_times(w), *_latencies_and_memory(w), *_hangs(t)]
+    return _as_records(rules)
+
+
+def _as_records(rules: list[Rule]) -> list[dict[str, str]]:
     return [{"record": name, "expr": expr} for name, expr in rules]
+
+
+def _reliability(w: str) -> list[Rule]:
+    """Success rate and MTTR of the incidents the remediation service closed within ``w``, per
+    failure and over all of them.
+
+    Success rate: incidents recovered / incidents closed. A failure whose incidents all failed
+    has no ``recovered`` series to increase, so it counts as 0 recovered rather than vanishing;
+    a window without incidents has no ratio (no series) rather than 0/0. MTTR: the mean time to
+    recover of the incidents that recovered, from the histogram's sum and count.
+    """
+    c = contract
+    closed = c.REMEDIATION_INCIDENTS.name
+    recovered = f'{closed}{{{c.LABEL_OUTCOME}="{c.IncidentOutcome.RECOVERED.value}"}}'
+    recover = c.REMEDIATION_TIME_TO_RECOVER
+
+    def success(by: str) -> str:
+        total = f"sum{by} (increase({closed}[{w}]))"
+        return (
+            f"(\n  sum{by} (increase({recovered}[{w}]))\n  or\n  0 * {total}\n)\n/\n({total} > 0)"
+        )
+
+    def mttr(by: str) -> str:
+        return (
+            f"sum{by} (increase({recover.sum_name}[{w}]))\n"
+            f"/\n(sum{by} (increase({recover.count_name}[{w}])) > 0)"
+        )
+
+    per_failure = f" by ({c.LABEL_FAILURE})"
+    return [
+        (c.REC_FAILURE_SUCCESS_RATIO[w], success(per_failure)),
+        (c.REC_SUCCESS_RATIO[w], success("")),
+        (c.REC_FAILURE_MTTR[w], mttr(per_failure)),
+        (c.REC_MTTR[w], mttr("")),
+    ]
+
+
+# How often the reliability rules are evaluated: a group of their own, once a minute, off the
+# alerts' group (evaluated at Prometheus' global interval, 15s in deploy/prometheus.yml). A
+# week of the service's incident series (a few dozen: failures x outcomes, failures x actions)
+# is a few million samples, cheap once a minute; a longer interval would save little and leave
+# a freshly closed incident off the dashboard (and the demo's three-minute run) for as long.
+# Under Prometheus' 5m lookback, a stat panel's instant query always finds the last value.
+RELIABILITY_INTERVAL = "1m"
+
+
+def reliability_group(prefix: str) -> dict[str, Any]:
+    """The group of the reliability rules, every window of ``contract.RELIABILITY_WINDOWS``,
+    named ``<prefix>-reliability``."""
+    rules = [rule for window in contract.RELIABILITY_WINDOWS for rule in _reliability(window)]
+    return {
+        "name": f"{prefix}-reliability",
+        "interval": RELIABILITY_INTERVAL,
+        "rules": _as_records(rules),
+    }

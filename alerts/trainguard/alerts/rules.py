@@ -8,7 +8,8 @@ this module's output, committed so Prometheus can load it without Python, and ke
 The rules come from one module per group of failures (``contract.Failure``): ``memory``
 (oom), ``stragglers`` (straggler, dataloader_bound), ``hangs`` (hang, nccl_timeout),
 ``ranks`` (rank_failure), ``gpus`` (gpu_fault, gpu_throttling) and ``nccl`` (nccl_error);
-``recording`` holds the recording rules they read.
+``recording`` holds the recording rules they read and the remediation service's reliability
+rules.
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from typing import Any
 import yaml
 
 from trainguard.alerts import gpus, hangs, memory, nccl, ranks, stragglers
-from trainguard.alerts.recording import recording_rules
+from trainguard.alerts.recording import recording_rules, reliability_group
 from trainguard.alerts.rule import AlertRule
 from trainguard.contract import Alert
 from trainguard.thresholds import Thresholds
 
 __all__ = ["GROUP", "MODULES", "alert_rules", "recording_rules", "render", "rules_of"]
 
-# One group: rules of a group run in order, so every alert reads the recording rules of the
-# same evaluation (separate groups run independently and would see them one interval late).
+# One group for the alerts and the recording rules they read: rules of a group run in order, so
+# every alert reads the recording rules of the same evaluation (separate groups run
+# independently and would see them one interval late). The reliability rules, which no alert
+# reads, follow in a group of their own (``recording.reliability_group``).
 GROUP = "trainguard"
 
 # The failure modules; each has FAILURES (the contract.Failure values its rules report) and
@@ -53,6 +56,7 @@ def render(t: Thresholds) -> str:
     document = {
         "groups": [
             {"name": GROUP, "rules": [*recording_rules(t), *alert_rules(t)]},
+            reliability_group(GROUP),
         ]
     }
     header = (

@@ -190,6 +190,8 @@ class Instrumentation:
         """Continue numbering from ``step`` (after resuming from a checkpoint), so trace ids
         stay consistent across ranks and restarts."""
         self.clock.step = step
+        # Once, not per step: the job's step is the checkpoint's until a step ends here.
+        self.metrics.training_step.set(step)
 
     @property
     def micro_batches(self) -> int:
@@ -438,6 +440,7 @@ class Instrumentation:
                 "to wall-clock phases, which include waiting on peers"
             )
         self._publish_rank_info()
+        self._publish_membership()
         ids = None
         if self._span_exporter is not None or cfg.resolved_tracing():
             with self.errors.guard("tracing"):
@@ -529,6 +532,15 @@ class Instrumentation:
                 **self.placement.labels(),
             }
         )
+
+    def _publish_membership(self) -> None:
+        """Where this rank stands in its job, as values: the rules tell a rank removed on
+        purpose (its index at or above the world size the job re-formed with) from a member
+        that died. The step starts at ``start_step``, so a job restarted from a checkpoint
+        reports the checkpoint's step until its first step here ends."""
+        self.metrics.world_size.set(self.identity.world_size)
+        self.metrics.rank_index.set(self.identity.rank)
+        self.metrics.training_step.set(self.clock.step)
 
     def _on_timers_lost(self) -> None:
         """DDP's timers were given up on (worker thread): stop reading them, say so in

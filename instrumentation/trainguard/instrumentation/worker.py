@@ -209,6 +209,9 @@ class StepWorker:
         m.steps.inc()
         m.step_duration.observe(_seconds(duration), exemplar)
         m.last_step_timestamp.set(_seconds(record.end_ns + self._epoch_offset_ns))
+        # The hook's counter once this step ended: what a checkpoint saved now resumes from,
+        # and what the remediation service's verifier compares across a repair.
+        m.training_step.set(record.step + 1)
         m.phase_duration[contract.Phase.DATA].observe(_seconds(record.data_wait_ns))
         m.phase_duration[contract.Phase.FORWARD].observe(_seconds(record.forward_ns))
         m.phase_duration[contract.Phase.BACKWARD].observe(_seconds(record.backward_ns))

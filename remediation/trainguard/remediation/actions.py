@@ -2,7 +2,8 @@
 
 An action is carried out by the executor its kind calls for: scheduler actions by the executor
 of the job's scheduler (label ``scheduler``: local torchrun, Kubernetes, Slurm), directives by
-the directive queue the ranks poll, recommendations by recording them in the audit trail.
+the directive queue the ranks poll, recommendations by recording them in the audit trail, pages
+by posting the service's own alert to Alertmanager.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class ActionKind(str, enum.Enum):
     SCHEDULER = "scheduler"
     DIRECTIVE = "directive"
     RECOMMEND = Action.RECOMMEND.value
+    PAGE = Action.PAGE.value
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,14 @@ CATALOG: dict[Action, ActionSpec] = {
             False,
             (),
             "Record advice for a human in the audit trail (params: text, $label substitution).",
+        ),
+        _spec(
+            Action.PAGE,
+            ActionKind.PAGE,
+            False,
+            (),
+            "Post the incident to Alertmanager as a critical alert, for a human (a ladder's last "
+            "rung).",
         ),
     )
 }

@@ -14,8 +14,9 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from trainguard import contract
+from trainguard.contract import IncidentOutcome
 from trainguard.events import log_event
-from trainguard.remediation import queries
+from trainguard.remediation import incidents, queries
 from trainguard.remediation.deps import (
     Authenticated,
     HubDep,
@@ -37,6 +38,9 @@ from trainguard.remediation.models import (
     Decision,
     DirectiveAck,
     DirectiveList,
+    IncidentList,
+    IncidentState,
+    IncidentView,
     WebhookPayload,
     WebhookResult,
 )
@@ -51,6 +55,7 @@ v1 = APIRouter(prefix="/v1", dependencies=[Authenticated])
 audit = APIRouter(prefix="/v1", dependencies=[ReaderAuthenticated])
 operator = APIRouter(prefix="/v1", dependencies=[OperatorAuthenticated])
 
+# Ids of actions, directives and incidents.
 ActionId = Annotated[int, Path(ge=1, le=2**62)]
 _UNAVAILABLE = "the store could not commit; retry"
 
@@ -117,6 +122,32 @@ def get_action(action_id: ActionId, store: StoreDep) -> ActionView:
     view = store.read(lambda conn: queries.get_action(conn, action_id))
     if view is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no action {action_id}")
+    return view
+
+
+@audit.get("/incidents", response_model=IncidentList, tags=["audit"])
+def list_incidents(
+    store: StoreDep,
+    state: IncidentState | None = None,
+    outcome: IncidentOutcome | None = None,
+    job_id: Annotated[str | None, Query(max_length=256)] = None,
+    before_id: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> IncidentList:
+    """Incidents, newest first: each failure, what was tried and what the verifier concluded."""
+    found = store.read(
+        lambda conn: incidents.list_incidents(
+            conn, state=state, outcome=outcome, job_id=job_id, before_id=before_id, limit=limit
+        )
+    )
+    return IncidentList(incidents=found)
+
+
+@audit.get("/incidents/{incident_id}", response_model=IncidentView, tags=["audit"])
+def get_incident(incident_id: ActionId, store: StoreDep) -> IncidentView:
+    view = store.read(lambda conn: incidents.get_incident(conn, incident_id))
+    if view is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no incident {incident_id}")
     return view
 
 
@@ -245,11 +276,16 @@ def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", tags=["operations"])
-async def readyz(store: StoreDep, worker: WorkerDep, response: Response) -> dict[str, str]:
-    """The store commits (its savepoint reaches the database server) and the worker runs."""
+async def readyz(
+    store: StoreDep, worker: WorkerDep, runtime: RuntimeDep, response: Response
+) -> dict[str, str]:
+    """The store commits (its savepoint reaches the database server), the worker and the
+    verifier run."""
     problems = []
     if not worker.alive():
         problems.append("worker not running")
+    if not runtime.verifier.alive():
+        problems.append("verifier not running")
     try:
         await asyncio.wait_for(store.write(lambda conn: None), timeout=2.0)
     except (StoreError, TimeoutError) as exc:

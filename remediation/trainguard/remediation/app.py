@@ -1,8 +1,8 @@
 """The FastAPI application: wiring of settings, store, policy, executors and worker.
 
-``create_app(settings)`` builds an app whose lifespan opens the store, starts the worker and
-closes both again; everything a request needs hangs off ``app.state.runtime`` and reaches the
-routes through the dependencies in :mod:`trainguard.remediation.deps`.
+``create_app(settings)`` builds an app whose lifespan opens the store, starts the worker and the
+verifier and closes them again; everything a request needs hangs off ``app.state.runtime`` and
+reaches the routes through the dependencies in :mod:`trainguard.remediation.deps`.
 """
 
 from __future__ import annotations
@@ -27,12 +27,20 @@ from trainguard.remediation.executors import Executor, RecommendExecutor
 from trainguard.remediation.executors.directive import DirectiveExecutor
 from trainguard.remediation.executors.kubernetes import KubernetesExecutor, api_client_factory
 from trainguard.remediation.executors.local import LocalExecutor
+from trainguard.remediation.executors.page import PageExecutor
 from trainguard.remediation.executors.slurm import SlurmExecutor
 from trainguard.remediation.hub import DirectiveHub
 from trainguard.remediation.metrics import Metrics
 from trainguard.remediation.policy import load_policy
 from trainguard.remediation.settings import Settings
 from trainguard.remediation.store import Store, probe
+from trainguard.remediation.verify import (
+    Deadlines,
+    PrometheusQuery,
+    QueryFactory,
+    Verifier,
+    prometheus_query,
+)
 from trainguard.remediation.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -47,7 +55,7 @@ ExecutorFactory = Callable[[Settings, Store, DirectiveHub], Mapping[str, Executo
 def default_executors(
     settings: Settings, store: Store, hub: DirectiveHub
 ) -> Mapping[str, Executor]:
-    """The executor registry: one executor per scheduler, plus directives and advice."""
+    """The executor registry: one executor per scheduler, plus directives, advice and pages."""
     kube_config = None if settings.kube_config is None else str(settings.kube_config)
     executors: list[Executor] = [
         LocalExecutor(),
@@ -66,6 +74,12 @@ def default_executors(
             settle=settings.directive_ack_settle_seconds,
         ),
         RecommendExecutor(),
+        PageExecutor(
+            store,
+            settings.alertmanager_url,
+            settings.incident_base_url(),
+            settings.executor_timeout_seconds,
+        ),
     ]
     return {executor.name: executor for executor in executors}
 
@@ -123,10 +137,13 @@ class BodyLimit:
 
 
 def create_app(
-    settings: Settings | None = None, executors: ExecutorFactory = default_executors
+    settings: Settings | None = None,
+    executors: ExecutorFactory = default_executors,
+    prometheus: QueryFactory = prometheus_query,
 ) -> FastAPI:
     """The service. Raises ConfigurationError / PolicyError when it could not run safely, and
-    StoreError when its Postgres database cannot be reached."""
+    StoreError when its Postgres database cannot be reached. ``prometheus`` gives the
+    verifier's queries (None: verified by alert resolution alone)."""
     settings = settings or Settings()
     token = settings.bearer_token()
     operator_token = settings.operator_bearer_token()
@@ -174,10 +191,23 @@ def create_app(
             takeover_grace=settings.takeover_grace_seconds if store.shared else 0.0,
             on_finished=attacher.submit if attacher is not None else None,
         )
+        query = prometheus(settings)
+        verifier = Verifier(
+            store,
+            engine,
+            metrics,
+            Deadlines.from_settings(settings),
+            query,
+            interval=settings.verify_interval_seconds,
+            wake_worker=worker.wake,
+        )
         app.state.runtime = Runtime(
-            settings, token, operator_token, policy, store, engine, metrics, hub, worker
+            settings, token, operator_token, policy, store, engine, metrics, hub, worker, verifier
         )
         worker.start()
+        verifier.start()
+        if query is None:
+            log.warning("no prometheus_url: repairs are verified by their alerts resolving alone")
         if token is None:
             log.warning("authentication is disabled (insecure_no_auth): development use only")
         if operator_token is None and not settings.insecure_no_auth:
@@ -190,7 +220,10 @@ def create_app(
         try:
             yield
         finally:
+            verifier.stop()
             worker.stop()
+            if isinstance(query, PrometheusQuery):
+                query.close()
             if attacher is not None:
                 attacher.close()
             store.close()

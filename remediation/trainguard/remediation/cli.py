@@ -14,6 +14,16 @@ from typing import Any
 
 from trainguard import contract
 
+# The verifier's timing flags, each the setting of the same name (defaults in the settings).
+_VERIFY_FLAGS = (
+    ("verify_interval_seconds", "how often the verifier looks at open incidents (5)"),
+    ("verify_directive_seconds", "verification deadline after a directive (180)"),
+    ("verify_restart_seconds", "verification deadline after restart_from_checkpoint (300)"),
+    ("verify_exclude_seconds", "verification deadline after exclude_node (300)"),
+    ("verify_drain_seconds", "verification deadline after drain_node (600)"),
+    ("verify_page_seconds", "verification deadline after page, annotate or advice (300)"),
+)
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -34,6 +44,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accept requests without a bearer token (local development only)",
     )
+    parser.add_argument(
+        "--prometheus-url", help="Prometheus the verifier reads jobs' progress from"
+    )
+    parser.add_argument("--alertmanager-url", help="Alertmanager the page action posts to")
+    parser.add_argument(
+        "--public-url", help="this service's base URL in pages' links (default http://HOST:PORT)"
+    )
+    for name, description in _VERIFY_FLAGS:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=float, help=description)
     parser.add_argument("--check-policy", action="store_true", help="validate the policy and exit")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.add_argument(
@@ -71,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
             ("database_url", args.database_url),
             ("policy_file", args.policy),
             ("token_file", args.token_file),
+            ("prometheus_url", args.prometheus_url),
+            ("alertmanager_url", args.alertmanager_url),
+            ("public_url", args.public_url),
+            *((name, getattr(args, name)) for name, _ in _VERIFY_FLAGS),
         )
         if value is not None
     }

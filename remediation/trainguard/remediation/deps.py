@@ -19,6 +19,7 @@ from trainguard.remediation.metrics import Metrics
 from trainguard.remediation.policy import Policy
 from trainguard.remediation.settings import ENV_PREFIX, Settings
 from trainguard.remediation.store import Store
+from trainguard.remediation.verify import Verifier
 from trainguard.remediation.worker import Worker
 
 
@@ -36,6 +37,7 @@ class Runtime:
     metrics: Metrics
     hub: DirectiveHub
     worker: Worker
+    verifier: Verifier
 
 
 async def get_runtime(request: Request) -> Runtime:

@@ -16,6 +16,12 @@ Guards, in the order they apply to each planned action:
 
 Dry-run decisions count towards cooldown and budget so that a dry run shows what a live run would
 have done, breaker trips included.
+
+A new alert whose rule repairs something opens an incident (or joins its subject's open one) in
+the same transaction (:mod:`trainguard.remediation.incidents`); the verifier climbs the rule's
+ladder through :meth:`Engine.escalate`, which decides each rung like any planned step, guards
+included. Alerts of ranks whose node was removed from their job on purpose are not acted on, and
+the service's own page (``contract.REMEDIATION_FAILED_ALERT``) never is.
 """
 
 from __future__ import annotations
@@ -33,8 +39,10 @@ from sqlalchemy import Connection
 
 from trainguard import contract
 from trainguard.contract import Action, Failure
+from trainguard.remediation import incidents
 from trainguard.remediation.actions import CATALOG, ActionKind, failure_of
 from trainguard.remediation.executors import RecommendExecutor
+from trainguard.remediation.executors.page import PageExecutor
 from trainguard.remediation.models import (
     PENDING_STATES,
     ActionState,
@@ -45,7 +53,7 @@ from trainguard.remediation.models import (
     WebhookPayload,
     WebhookResult,
 )
-from trainguard.remediation.policy import Policy, Step
+from trainguard.remediation.policy import Policy, Rung, Step
 from trainguard.remediation.sql import Statement
 
 HOUR = 3600.0
@@ -355,12 +363,27 @@ class Engine:
         *,
         new: bool = False,
     ) -> None:
+        if alertname == contract.REMEDIATION_FAILED_ALERT:
+            return  # the service's own page: for humans, never acted on (the policy refuses it)
         rule = self.policy.plan(alertname, labels)
         if rule is None:
             return
         done: set[int] = set()
         if not new:
             done = {step for (step,) in _PLANNED_STEPS.rows(conn, {"alert_id": alert_id})}
+        opens = new and rule.opens_incidents
+        found = incidents.probe(conn, alertname, labels, incident=opens)
+        if found.removal is not None:
+            self._skip_removed(
+                conn, alert_id, alertname, rule.actions, done, labels, found.removal, at, planned
+            )
+            return
+        incident = None
+        if opens:
+            incident = incidents.open_or_join(
+                conn, found, rule, alert_id, alertname, labels, starts_at, at
+            )
+        planned_before = len(planned.actions)
         firing_for = at - starts_at.timestamp()
         next_due: float | None = None
         for index, step in enumerate(rule.actions):
@@ -377,6 +400,76 @@ class Engine:
                 planned.queued.append(action_id)
         if next_due is not None:
             _DEFER.run(conn, {"alert_id": alert_id, "due_at": next_due})
+        if rule.opens_incidents and len(planned.actions) > planned_before:
+            if incident is not None:
+                incidents.link_new(conn, alert_id, *incident)
+            else:
+                incidents.link(conn, alert_id)  # a step come due later: find its incident
+
+    def _skip_removed(
+        self,
+        conn: Connection,
+        alert_id: int,
+        alertname: str,
+        steps: tuple[Step, ...],
+        done: set[int],
+        labels: Mapping[str, str],
+        removal: int,
+        at: float,
+        planned: Planned,
+    ) -> None:
+        """Record why an alert about a rank removed from its job on purpose gets nothing: one
+        ``skipped`` action (on its first step not decided yet), no incident."""
+        index = next((i for i in range(len(steps)) if i not in done), None)
+        if index is None:
+            return
+        step = steps[index]
+        node = labels.get(contract.LABEL_NODE, "")
+        job_id = labels.get(contract.LABEL_JOB_ID, "")
+        reason = (
+            f"rank {labels.get(contract.LABEL_RANK, '')} on node {node} was removed from job "
+            f"{job_id} on purpose by action #{removal}"
+        )
+        executor, params = self._route(step, labels)
+        action_id = self._insert_action(
+            conn, alert_id, index, step, labels, executor, params, ActionState.SKIPPED, reason, at
+        )
+        planned.actions.append(action_id)
+        planned.decided.append(Decided(step.action, ActionState.SKIPPED, failure_of(alertname)))
+
+    # --- the ladder ------------------------------------------------------------------------
+    def escalate(
+        self,
+        incident_id: int,
+        rung: int,
+        step: Rung,
+        index: int,
+        alert: incidents.AlertFacts,
+        verdicts: Mapping[int, str],
+        note: str,
+        now: float | None = None,
+    ) -> Callable[[Connection], Planned | None]:
+        """Move an incident from ``rung`` to the next and decide that rung's step as step
+        ``index`` of ``alert``'s plan, through the guards like any step; None when the incident
+        moved on or closed meanwhile (another replica's verifier, an old view)."""
+
+        def unit(conn: Connection) -> Planned | None:
+            at = time.time() if now is None else now
+            if not incidents.advance(conn, incident_id, rung, step.action, at, note):
+                return None
+            incidents.set_verdicts(conn, verdicts)
+            planned = Planned()
+            action_id, state = self._decide(
+                conn, alert.id, index, step, alert.labels, at, at - alert.starts_at
+            )
+            incidents.link_action(conn, action_id, incident_id, rung + 1)
+            planned.actions.append(action_id)
+            planned.decided.append(Decided(step.action, state, failure_of(alert.name)))
+            if state is ActionState.QUEUED:
+                planned.queued.append(action_id)
+            return planned
+
+        return unit
 
     def _decide(
         self,
@@ -389,9 +482,7 @@ class Engine:
         firing_for: float,
     ) -> tuple[int, ActionState]:
         spec = CATALOG[step.action]
-        job_id = labels.get(contract.LABEL_JOB_ID, "")
-        node = labels.get(contract.LABEL_NODE, "")
-        subject = job_id or (f"node:{node}" if node else "")
+        subject = incidents.subject_of(labels)
         executor, params = self._route(step, labels)
         missing = [name for name in spec.needs if not labels.get(name)]
         state, reason = ActionState.QUEUED, "policy"
@@ -411,16 +502,34 @@ class Engine:
             elif spec.destructive and self.guards.require_approval:
                 state, reason = ActionState.AWAITING_APPROVAL, "destructive: waits for approval"
         reason = f"{reason}; alert firing for {firing_for:.0f}s"
+        action_id = self._insert_action(
+            conn, alert_id, index, step, labels, executor, params, state, reason, at
+        )
+        return action_id, state
+
+    @staticmethod
+    def _insert_action(
+        conn: Connection,
+        alert_id: int,
+        index: int,
+        step: Step,
+        labels: Mapping[str, str],
+        executor: str | None,
+        params: Mapping[str, Any],
+        state: ActionState,
+        reason: str,
+        at: float,
+    ) -> int:
         inserted = _INSERT_ACTION.first(
             conn,
             {
                 "alert_id": alert_id,
                 "step": index,
-                "subject": subject,
+                "subject": incidents.subject_of(labels),
                 "action": step.action.value,
                 "executor": executor or "",
                 "params": json.dumps(params, sort_keys=True),
-                "destructive": int(spec.destructive),
+                "destructive": int(CATALOG[step.action].destructive),
                 "state": state.value,
                 "reason": reason,
                 "created_at": at,
@@ -430,7 +539,7 @@ class Engine:
         assert inserted is not None  # INSERT ... RETURNING id
         action_id = int(inserted[0])
         record_transition(conn, action_id, state.value, reason)
-        return action_id, state
+        return action_id
 
     def _route(self, step: Step, labels: Mapping[str, str]) -> tuple[str | None, dict[str, Any]]:
         spec = CATALOG[step.action]
@@ -440,6 +549,8 @@ class Engine:
         if spec.kind is ActionKind.RECOMMEND:
             params["text"] = string.Template(str(params.get("text", ""))).safe_substitute(labels)
             return RecommendExecutor.name, params
+        if spec.kind is ActionKind.PAGE:
+            return PageExecutor.name, params
         scheduler = labels.get(contract.LABEL_SCHEDULER) or self.guards.default_scheduler
         return (scheduler if scheduler in contract.SCHEDULERS else None), params
 

@@ -10,16 +10,19 @@ from prometheus_client.registry import Collector
 
 from trainguard import contract
 from trainguard.prometheus_families import gauge_family
-from trainguard.remediation import queries
+from trainguard.remediation import incidents, queries
 from trainguard.remediation.models import ActionState
 from trainguard.remediation.store import Store, StoreError
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _ACTION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+# Detection, action and recovery: from seconds (a directive) to hours (a human after a page).
+_INCIDENT_BUCKETS = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
 
 
 class StoreCollector(Collector):
-    """Gauges read from the store at scrape time: actions by state, open breakers, dry-run."""
+    """Gauges read from the store at scrape time: actions by state, open breakers, dry-run,
+    open incidents by failure."""
 
     def __init__(self, store: Store, dry_run: bool) -> None:
         self._store = store
@@ -32,17 +35,31 @@ class StoreCollector(Collector):
         try:
             counts = self._store.read(queries.state_counts)
             breakers = len(self._store.read(queries.breakers))
+            open_incidents = self._store.read(incidents.open_counts)
         except StoreError:
             return
-        yield from self._families(counts, breakers)
+        yield from self._families(counts, breakers, open_incidents)
 
-    def _families(self, counts: dict[str, int], breakers: int) -> Iterator[Metric]:
+    def _families(
+        self,
+        counts: dict[str, int],
+        breakers: int,
+        open_incidents: dict[str | None, int] | None = None,
+    ) -> Iterator[Metric]:
         actions = gauge_family(contract.REMEDIATION_ACTIONS)
         for state in ActionState:
             actions.add_metric([state.value], counts.get(state.value, 0))
         yield actions
         yield gauge_family(contract.REMEDIATION_CIRCUIT_BREAKERS_OPEN, value=breakers)
         yield gauge_family(contract.REMEDIATION_DRY_RUN, value=int(self._dry_run))
+        opened = gauge_family(contract.REMEDIATION_INCIDENTS_OPEN)
+        found = dict(open_incidents or {})
+        # Every failure at 0 from the start, and incidents of alerts outside the catalogue as "".
+        for failure in contract.Failure:
+            opened.add_metric([failure.value], found.pop(failure.value, 0))
+        if found.get(None):
+            opened.add_metric([""], found[None])
+        yield opened
 
 
 class Metrics:
@@ -76,6 +93,23 @@ class Metrics:
             c.REMEDIATION_ACTION_DURATION.labels,
             buckets=_ACTION_BUCKETS,
             registry=self.registry,
+        )
+        self.escalations = counter(c.REMEDIATION_ESCALATIONS)
+        self.incidents = counter(c.REMEDIATION_INCIDENTS)
+        self.incident_jobs = counter(c.REMEDIATION_INCIDENT_JOBS)
+        self.time_to_detect, self.time_to_act, self.time_to_recover = (
+            Histogram(
+                spec.client_name,
+                spec.documentation,
+                spec.labels,
+                buckets=_INCIDENT_BUCKETS,
+                registry=self.registry,
+            )
+            for spec in (
+                c.REMEDIATION_TIME_TO_DETECT,
+                c.REMEDIATION_TIME_TO_ACT,
+                c.REMEDIATION_TIME_TO_RECOVER,
+            )
         )
         self.registry.register(StoreCollector(store, dry_run))
 

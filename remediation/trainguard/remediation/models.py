@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from trainguard.contract import Action, Failure
+from trainguard.contract import Action, Failure, IncidentOutcome, JobOutcome
 
 ALERTNAME = "alertname"
 
@@ -186,3 +186,64 @@ class Breaker(BaseModel):
 
 class BreakerList(BaseModel):
     breakers: list[Breaker]
+
+
+class IncidentState(str, enum.Enum):
+    """Where an incident is: a rung's actions are being carried out, their effect is being
+    verified against the rung's deadline, or the verifier has concluded."""
+
+    ACTING = "acting"
+    VERIFYING = "verifying"
+    CLOSED = "closed"
+
+
+class IncidentAlert(BaseModel):
+    """The alert that opened an incident."""
+
+    name: str
+    fingerprint: str
+    labels: dict[str, str]
+
+
+class TriedAction(BaseModel):
+    """An action of an incident, on the rung that tried it, and what the verifier made of it."""
+
+    rung: int
+    action: str
+    action_id: int
+    state: str
+    at: datetime = Field(description="When the action was decided.")
+    verdict: str
+
+
+class IncidentView(BaseModel):
+    """One failure of one job (or node), from detection to the verifier's verdict."""
+
+    id: int
+    subject: str
+    job_id: str | None
+    failure: Failure | None = Field(description="trainguard.contract.Failure; null outside it.")
+    alert: IncidentAlert
+    state: IncidentState
+    outcome: IncidentOutcome | None
+    job_outcome: JobOutcome | None
+    rung: int = Field(description="The ladder's rung: 0 is the rule's plan, k its k-th escalation.")
+    rung_action: str = Field(description="The rung's repair: its first action but recommend.")
+    paged: bool
+    first_evidence_at: datetime | None
+    detected_at: datetime | None = Field(description="The alert's startsAt.")
+    received_at: datetime | None
+    acted_at: datetime | None = Field(description="When the first repair was carried out.")
+    recovered_at: datetime | None
+    closed_at: datetime | None
+    deadline_at: datetime | None
+    baseline_step: int | None = Field(
+        description="The job's highest trainguard_step when the failure was detected."
+    )
+    baseline_ranks_up: int | None
+    tried: list[TriedAction]
+    note: str = Field(description="The verifier's last word.")
+
+
+class IncidentList(BaseModel):
+    incidents: list[IncidentView]

@@ -12,9 +12,18 @@ A policy is a YAML document (see ``default_policy.yaml``, shipped with the packa
           - action: exclude_node
             after_seconds: 600      # only once the alert has been firing this long
             cooldown_seconds: 3600  # overrides the service-wide cooldown
+        verify_seconds: 300         # how long the plan (rung 0) gets to recover the job
+        escalate:                   # the ladder: one step per rung, tried while not recovered
+          - action: page
+            verify_seconds: 600
 
 Matchers use Alertmanager's syntax (``=``, ``!=``, ``=~``, ``!~``; regexes are anchored). The
 first rule whose alert name and matchers all match decides the plan.
+
+A rule whose plan or ladder holds an action other than ``recommend`` opens an incident, which
+the verifier (:mod:`trainguard.remediation.verify`) follows rung by rung: rung 0 is the plan,
+rung k the k-th ``escalate`` step. No rule may answer the service's own page
+(``contract.REMEDIATION_FAILED_ALERT``): the service never acts on it.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trainguard import contract
 from trainguard.contract import Action
 from trainguard.remediation.actions import CATALOG
 
@@ -92,12 +102,50 @@ class Step(BaseModel):
         return action
 
 
+class Rung(Step):
+    """One rung of a ladder: a step tried when the rung before it did not recover the job."""
+
+    verify_seconds: float | None = Field(
+        default=None, gt=0, description="The rung's verification deadline; the action's default."
+    )
+
+
 class Rule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     alert: str = Field(min_length=1)
     matchers: tuple[Matcher, ...] = ()
     actions: tuple[Step, ...] = Field(min_length=1)
+    verify_seconds: float | None = Field(
+        default=None, gt=0, description="The plan's (rung 0's) verification deadline."
+    )
+    escalate: tuple[Rung, ...] = ()
+
+    @field_validator("alert")
+    @classmethod
+    def _not_our_page(cls, value: str) -> str:
+        if value == contract.REMEDIATION_FAILED_ALERT:
+            # Acting on its own page could loop: page, act, fail, page again.
+            raise ValueError(f"the service never acts on its own page ({value})")
+        return value
+
+    @property
+    def rungs(self) -> int:
+        """How many rungs the ladder has: the plan, then each escalation step."""
+        return 1 + len(self.escalate)
+
+    def steps_of(self, rung: int) -> tuple[Step, ...]:
+        return self.actions if rung == 0 else (self.escalate[rung - 1],)
+
+    def rung_action(self, rung: int) -> Action:
+        """The repair action of a rung: its first action other than ``recommend``."""
+        steps = self.steps_of(rung)
+        return next((s.action for s in steps if s.action is not Action.RECOMMEND), steps[0].action)
+
+    @property
+    def opens_incidents(self) -> bool:
+        """Whether the rule repairs anything (and so opens an incident to verify the repair)."""
+        return any(step.action is not Action.RECOMMEND for step in (*self.actions, *self.escalate))
 
     @field_validator("matchers", mode="before")
     @classmethod

@@ -7,6 +7,12 @@ stores the Markdown and JSON report beside the action. ``GET /v1/actions/{id}/re
 The diagnosis runs after the outcome is committed and every failure of it is stored as the
 report's ``error``: it never fails, delays or repeats an action. Charts are not drawn here
 (they need matplotlib; ``trainguard diagnose`` draws them).
+
+The report's Validate section is the job's incidents as the store holds them when the report is
+written (:func:`trainguard.remediation.incidents.list_incidents`, the documents of
+``GET /v1/incidents?job_id=``): right after a repair its incident is usually still being
+verified, and the report of a later rung (a page included) shows the rungs before it. Incidents
+that cannot be read leave the report without them and say why in that section.
 """
 
 from __future__ import annotations
@@ -24,9 +30,13 @@ from sqlalchemy import Connection, text
 
 from trainguard import contract
 from trainguard.remediation.executors import ActionRecord
+from trainguard.remediation.incidents import list_incidents
 from trainguard.remediation.store import Store
 
 log = logging.getLogger(__name__)
+
+
+INCIDENTS_SOURCE = "this service's incidents"
 
 
 def report_path(action_id: int) -> str:
@@ -98,6 +108,16 @@ class ReportAttacher:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
+    def _incidents(self, job_id: str) -> tuple[list[dict[str, Any]] | None, str | None]:
+        """The job's incidents as ``GET /v1/incidents?job_id=`` answers them, or why not."""
+        try:
+            views = self._store.read(lambda conn: list_incidents(conn, job_id=job_id))
+        except Exception as exc:
+            # The report stands without them; its Validate section names the gap.
+            log.warning("incidents of job %s not read for its report: %s", job_id, exc)
+            return None, f"the service's store could not be read: {exc or type(exc).__name__}"
+        return [view.model_dump(mode="json") for view in views], None
+
     def _attach(self, action_id: int, job_id: str | None) -> None:
         markdown = report = error = None
         if not job_id:
@@ -108,12 +128,16 @@ class ReportAttacher:
                 from trainguard.diagnose.render import as_json
                 from trainguard.diagnose.render import markdown as render_markdown
 
+                incidents, gap = self._incidents(job_id)
                 result = diagnose(
                     self._url,
                     job_id,
                     since_seconds=self._window,
                     dumps=self._dumps,
                     timeout=self._timeout,
+                    incidents=incidents,
+                    incidents_source=INCIDENTS_SOURCE,
+                    incidents_gap=gap,
                 )
                 markdown, report = render_markdown(result), as_json(result)
             except Exception as exc:

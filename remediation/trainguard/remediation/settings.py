@@ -125,6 +125,44 @@ class Settings(BaseSettings):
         default=None, description="The ranks' Flight Recorder dump folder, if mounted here."
     )
 
+    # --- verification of each repair (incidents) ---
+    prometheus_url: str | None = Field(
+        default=None,
+        description="Prometheus (http://prometheus:9090) the verifier reads the jobs' progress "
+        "and alerts from; without it, a repair is verified by its alerts resolving alone.",
+    )
+    alertmanager_url: str | None = Field(
+        default=None,
+        description="Alertmanager (http://alertmanager:9093) the page action posts to; without "
+        "it, page actions fail saying so.",
+    )
+    public_url: str | None = Field(
+        default=None,
+        description="Base URL of this service in the links of pages; http://<host>:<port> "
+        "when unset.",
+    )
+    verify_interval_seconds: float = Field(
+        default=5.0, gt=0, description="How often the verifier looks at open incidents."
+    )
+    verify_directive_seconds: float = Field(
+        default=180.0, gt=0, description="Verification deadline after a directive."
+    )
+    verify_restart_seconds: float = Field(
+        default=300.0, gt=0, description="Verification deadline after restart_from_checkpoint."
+    )
+    verify_exclude_seconds: float = Field(
+        default=300.0, gt=0, description="Verification deadline after exclude_node."
+    )
+    verify_drain_seconds: float = Field(
+        default=600.0, gt=0, description="Verification deadline after drain_node."
+    )
+    verify_page_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="Verification deadline after page, annotate or advice alone: how long a "
+        "human has before the incident closes unrecovered.",
+    )
+
     @model_validator(mode="after")
     def _grace_outlasts_an_execution(self) -> Settings:
         # Only replicas sharing a Postgres database take over from one another.
@@ -135,6 +173,10 @@ class Settings(BaseSettings):
                 "lost the lock may still be executing for that long"
             )
         return self
+
+    def incident_base_url(self) -> str:
+        """The base of incident links (``public_url``, else this service's address)."""
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
 
     def database(self) -> Path | str:
         """What the store opens: the Postgres URL on the psycopg driver, else the SQLite file.

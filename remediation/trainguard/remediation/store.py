@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     Connection,
     Engine,
@@ -172,6 +173,81 @@ reports = Table(
     Column("markdown", Text),
     Column("report", Text),
     Column("error", Text),
+)
+
+# Incidents: one failure of one subject (a job, or ``node:<name>``), from the alert that opened
+# it to the verifier's verdict (trainguard.remediation.incidents and .verify).
+incidents = Table(
+    "incidents",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("subject", Text, nullable=False),
+    Column("job_id", Text),
+    Column("failure", Text),
+    # What "the same failure" means: the failure, or ``alert:<name>`` outside the catalogue.
+    Column("failure_key", Text, nullable=False),
+    Column("alert_id", Integer, ForeignKey("alerts.id"), nullable=False),
+    # The alert whose rule's ladder the incident climbs (the longest of its alerts' ladders),
+    # and that ladder's length (escalation steps) when it was chosen.
+    Column("ladder_alert_id", Integer, ForeignKey("alerts.id"), nullable=False),
+    Column("ladder_length", Integer, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("outcome", Text),
+    Column("job_outcome", Text),
+    Column("rung", Integer, nullable=False),
+    Column("rung_action", Text, nullable=False),
+    Column("rung_started_at", Float, nullable=False),
+    Column("paged", Integer, nullable=False, server_default=text("0")),
+    Column("first_evidence_at", Float),
+    Column("detected_at", Float, nullable=False),
+    Column("received_at", Float, nullable=False),
+    Column("acted_at", Float),
+    Column("recovered_at", Float),
+    Column("closed_at", Float),
+    Column("deadline_at", Float),
+    Column("baseline_step", BigInteger),
+    Column("baseline_ranks_up", Integer),
+    # When the verifier read the baseline from Prometheus; null until it could.
+    Column("baseline_at", Float),
+    Column("note", Text, nullable=False),
+    # One open incident per (subject, failure): a second alert joins it.
+    Index(
+        "incidents_open",
+        "subject",
+        "failure_key",
+        unique=True,
+        sqlite_where=text("state != 'closed'"),
+        postgresql_where=text("state != 'closed'"),
+    ),
+    Index("incidents_state", "state", "id"),
+    Index("incidents_job", "job_id", "id"),
+)
+incident_alerts = Table(
+    "incident_alerts",
+    metadata,
+    Column("alert_id", Integer, ForeignKey("alerts.id"), primary_key=True, autoincrement=False),
+    Column("incident_id", Integer, ForeignKey("incidents.id"), nullable=False),
+    Index("incident_alerts_incident", "incident_id"),
+)
+incident_actions = Table(
+    "incident_actions",
+    metadata,
+    Column("action_id", Integer, ForeignKey("actions.id"), primary_key=True, autoincrement=False),
+    Column("incident_id", Integer, ForeignKey("incidents.id"), nullable=False),
+    Column("rung", Integer, nullable=False),
+    Column("verdict", Text),
+    Index("incident_actions_incident", "incident_id", "rung"),
+)
+# Nodes taken out of a job on purpose (a succeeded exclude_node or drain_node): their ranks are
+# not down, and alerts about them are not acted on.
+removals = Table(
+    "removals",
+    metadata,
+    Column("action_id", Integer, ForeignKey("actions.id"), primary_key=True, autoincrement=False),
+    Column("job_id", Text, nullable=False),
+    Column("node", Text, nullable=False),
+    Column("at", Float, nullable=False),
+    Index("removals_job_node", "job_id", "node"),
 )
 
 _BATCH = 512

@@ -38,7 +38,7 @@ from sqlalchemy import Connection, text
 
 from trainguard import contract
 from trainguard.events import log_event
-from trainguard.remediation import queries
+from trainguard.remediation import incidents, queries
 from trainguard.remediation.engine import Engine, record_transition, set_state
 from trainguard.remediation.executors import (
     ActionRecord,
@@ -316,11 +316,13 @@ class Worker:
         else:
             note = str(error) if isinstance(error, ExecutionError) else repr(error)
             state, body = ActionState.FAILED, {**(output or {}), "error": note}
-        self._store.write_sync(
-            lambda conn: set_state(
-                conn, record.id, state, note, expect=expect, output=json.dumps(body)
-            )
-        )
+
+        def unit(conn: Connection) -> None:
+            if set_state(conn, record.id, state, note, expect=expect, output=json.dumps(body)):
+                # A node removed from its job, an incident paged: with the outcome, or not at all.
+                incidents.action_finished(conn, record, state, time.time())
+
+        self._store.write_sync(unit)
         outcome = contract.EventOutcome.SUCCESS if error is None else contract.EventOutcome.FAILURE
         action = record.action.value
         self._metrics.actions_executed.labels(action, record.executor, outcome.value).inc()

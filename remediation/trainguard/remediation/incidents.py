@@ -1,0 +1,537 @@
+"""Incidents in the store: opened and joined by the webhook, followed by the verifier, read by the
+API; and the nodes removed from jobs on purpose.
+
+An incident is one failure of one subject (a job, or ``node:<name>``). It opens in the webhook's
+transaction when a new firing alert matches a rule that repairs something (an action other than
+``recommend`` in its plan or ladder); a second alert of the same failure on the same subject
+joins the open incident instead. Every action planned for an incident's alerts is linked to it
+with the rung it belongs to, so the verifier (:mod:`trainguard.remediation.verify`) sees what
+each rung did. The webhook's share is a few statements; everything that needs Prometheus or
+Alertmanager happens on the verifier's thread.
+
+Membership: when an ``exclude_node`` or ``drain_node`` action succeeds for job J on node N, the
+worker records the removal in the same transaction as the outcome. A later rank-scoped alert of
+J on N is stored but not acted on (one ``skipped`` action says why) and opens no incident.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import Connection, RowMapping, text
+
+from trainguard import contract
+from trainguard.contract import Action, Failure, IncidentOutcome, JobOutcome
+from trainguard.remediation.actions import failure_of
+from trainguard.remediation.executors import ActionRecord
+from trainguard.remediation.models import (
+    PENDING_STATES,
+    ActionState,
+    AlertStatus,
+    IncidentAlert,
+    IncidentState,
+    IncidentView,
+    TriedAction,
+)
+from trainguard.remediation.policy import Rule
+from trainguard.remediation.sql import Statement
+
+# States of an action whose part in its rung is not over yet.
+UNFINISHED_STATES = (*PENDING_STATES, ActionState.RUNNING)
+# A guard or an operator held the action back: nothing was done, and the ladder moves on. Not
+# ``cancelled``: the alert resolved first, and the job gets its deadline to show progress.
+HELD_STATES = (ActionState.SUPPRESSED, ActionState.SKIPPED, ActionState.REJECTED)
+# Actions that take a node out of a job.
+REMOVING = (Action.EXCLUDE_NODE, Action.DRAIN_NODE)
+_CLOSED = IncidentState.CLOSED.value
+
+# One statement for both questions the webhook asks of a new alert: was its node removed from
+# its job on purpose, and has its subject an open incident of its failure?
+_PROBE = Statement(f"""
+    SELECT i.id, i.rung, i.ladder_length,
+           (SELECT MIN(r.action_id) FROM removals r WHERE r.job_id = :job_id AND r.node = :node)
+    FROM (SELECT 1 AS one) probe
+    LEFT JOIN incidents i ON i.subject = :subject AND i.failure_key = :failure_key
+        AND i.state != '{_CLOSED}'
+    """)
+_INSERT_INCIDENT = Statement("""
+    INSERT INTO incidents (subject, job_id, failure, failure_key, alert_id, ladder_alert_id,
+                           ladder_length, state, rung, rung_action, rung_started_at, paged,
+                           first_evidence_at, detected_at, received_at, note)
+    VALUES (:subject, :job_id, :failure, :failure_key, :alert_id, :alert_id, :ladder_length,
+            :state, 0, :rung_action, :at, 0, :detected_at, :detected_at, :at, :note)
+    RETURNING id
+    """)
+_JOIN = Statement(
+    "INSERT INTO incident_alerts (alert_id, incident_id) VALUES (:alert_id, :incident_id) "
+    "ON CONFLICT (alert_id) DO NOTHING"
+)
+_SET_LADDER = Statement(
+    "UPDATE incidents SET ladder_alert_id = :alert_id, ladder_length = :ladder_length "
+    "WHERE id = :id"
+)
+# The alert's actions not linked yet go to its incident's current rung: the plan's steps of the
+# alert that opened it are planned while the incident is on rung 0 (a rung is not done while
+# steps of it are still to come), a joining alert's steps on whatever rung it is on.
+_LINK_NEW = Statement("""
+    INSERT INTO incident_actions (action_id, incident_id, rung)
+    SELECT id, :incident_id, :rung FROM actions WHERE alert_id = :alert_id
+    """)
+_LINK = Statement(f"""
+    INSERT INTO incident_actions (action_id, incident_id, rung)
+    SELECT a.id, i.id, i.rung FROM actions a
+    JOIN incident_alerts ia ON ia.alert_id = a.alert_id
+    JOIN incidents i ON i.id = ia.incident_id
+    WHERE a.alert_id = :alert_id AND i.state != '{_CLOSED}'
+      AND NOT EXISTS (SELECT 1 FROM incident_actions x WHERE x.action_id = a.id)
+    """)
+_LINK_ACTION = Statement(
+    "INSERT INTO incident_actions (action_id, incident_id, rung) "
+    "VALUES (:action_id, :incident_id, :rung)"
+)
+_RECORD_REMOVAL = Statement(
+    "INSERT INTO removals (action_id, job_id, node, at) VALUES (:action_id, :job_id, :node, :at) "
+    "ON CONFLICT (action_id) DO NOTHING"
+)
+_MARK_PAGED = Statement(
+    "UPDATE incidents SET paged = 1 WHERE id = "
+    "(SELECT incident_id FROM incident_actions WHERE action_id = :action_id)"
+)
+_SET_VERDICT = Statement(
+    "UPDATE incident_actions SET verdict = :verdict WHERE action_id = :action_id"
+)
+_ADVANCE = Statement(f"""
+    UPDATE incidents SET rung = :next, rung_action = :rung_action, rung_started_at = :at,
+        state = :state, deadline_at = NULL, note = :note
+    WHERE id = :id AND rung = :rung AND state != '{_CLOSED}'
+    """)
+
+_INCIDENT_SQL = """
+SELECT incidents.*, alerts.name AS alert_name, alerts.fingerprint, alerts.labels
+FROM incidents JOIN alerts ON alerts.id = incidents.alert_id
+"""
+_INCIDENT_BY_ID = text(_INCIDENT_SQL + " WHERE incidents.id = :id")
+_INCIDENT_OF_ACTION = text("SELECT incident_id FROM incident_actions WHERE action_id = :id")
+_TRIED = text("""
+    SELECT ia.rung, ia.verdict, a.id, a.action, a.state, a.reason, a.created_at
+    FROM incident_actions ia JOIN actions a ON a.id = ia.action_id
+    WHERE ia.incident_id = :id ORDER BY a.id
+    """)
+_OPEN_IDS = text(f"SELECT id FROM incidents WHERE state != '{_CLOSED}' ORDER BY id")
+_ALERTS_OF = text("""
+    SELECT a.id, a.name, a.labels, a.status, a.starts_at FROM incident_alerts ia
+    JOIN alerts a ON a.id = ia.alert_id WHERE ia.incident_id = :id ORDER BY a.id
+    """)
+_ACTIONS_OF = text("""
+    SELECT a.id, ia.rung, a.action, a.state, a.reason, a.created_at, a.updated_at
+    FROM incident_actions ia JOIN actions a ON a.id = ia.action_id
+    WHERE ia.incident_id = :id ORDER BY a.id
+    """)
+_DEFERRED_OF = text("""
+    SELECT 1 FROM deferred d JOIN incident_alerts ia ON ia.alert_id = d.alert_id
+    WHERE ia.incident_id = :id
+    """)
+_REMOVALS_SINCE = text(
+    "SELECT action_id, node FROM removals WHERE job_id = :job_id AND at >= :since ORDER BY at"
+)
+_OPEN_COUNTS = text(
+    f"SELECT failure, COUNT(*) AS n FROM incidents WHERE state != '{_CLOSED}' GROUP BY failure"
+)
+
+
+def _time(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, tz=timezone.utc)
+
+
+def subject_of(labels: Mapping[str, str]) -> str:
+    """Who an action or incident is about: the job, else ``node:<name>`` ('' for neither)."""
+    job_id = labels.get(contract.LABEL_JOB_ID, "")
+    node = labels.get(contract.LABEL_NODE, "")
+    return job_id or (f"node:{node}" if node else "")
+
+
+# --- the webhook -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Probe:
+    """What the webhook found about an alert: the action that removed its rank's node from its
+    job on purpose, if one did; its subject's open incident of its failure, if any."""
+
+    removal: int | None = None
+    incident: int | None = None
+    rung: int = 0
+    ladder_length: int = 0
+
+
+def _failure_key(alertname: str) -> str:
+    failure = failure_of(alertname)
+    return failure.value if failure is not None else f"alert:{alertname}"
+
+
+def probe(conn: Connection, alertname: str, labels: Mapping[str, str], *, incident: bool) -> Probe:
+    """Ask about removal (rank-scoped alerts: job, node and rank) and, when ``incident``, about
+    the subject's open incident; no statement when neither applies."""
+    job_id = labels.get(contract.LABEL_JOB_ID)
+    node = labels.get(contract.LABEL_NODE)
+    rank_scoped = bool(job_id and node and labels.get(contract.LABEL_RANK))
+    subject = subject_of(labels) if incident else ""
+    if not (rank_scoped or subject):
+        return Probe()
+    row = _PROBE.first(
+        conn,
+        {
+            "job_id": job_id if rank_scoped else None,
+            "node": node if rank_scoped else None,
+            "subject": subject,
+            "failure_key": _failure_key(alertname),
+        },
+    )
+    assert row is not None  # one row, whatever matches
+    incident_id, rung, ladder_length, removal = row
+    if incident_id is None:
+        return Probe(None if removal is None else int(removal))
+    return Probe(
+        None if removal is None else int(removal), int(incident_id), int(rung), int(ladder_length)
+    )
+
+
+def open_or_join(
+    conn: Connection,
+    found: Probe,
+    rule: Rule,
+    alert_id: int,
+    alertname: str,
+    labels: Mapping[str, str],
+    starts_at: datetime,
+    at: float,
+) -> tuple[int, int] | None:
+    """Open an incident for a new alert, or join the open one ``found``; (its id, its rung), or
+    None when the alert names no subject. The incident climbs the longest of its alerts'
+    ladders."""
+    subject = subject_of(labels)
+    if not subject:
+        return None
+    if found.incident is not None:
+        _JOIN.run(conn, {"alert_id": alert_id, "incident_id": found.incident})
+        if len(rule.escalate) > found.ladder_length:
+            _SET_LADDER.run(
+                conn,
+                {"alert_id": alert_id, "ladder_length": len(rule.escalate), "id": found.incident},
+            )
+        return found.incident, found.rung
+    failure = failure_of(alertname)
+    row = _INSERT_INCIDENT.first(
+        conn,
+        {
+            "subject": subject,
+            "job_id": labels.get(contract.LABEL_JOB_ID) or None,
+            "failure": None if failure is None else failure.value,
+            "failure_key": _failure_key(alertname),
+            "alert_id": alert_id,
+            "ladder_length": len(rule.escalate),
+            "state": IncidentState.ACTING.value,
+            "rung_action": rule.rung_action(0).value,
+            "at": at,
+            "detected_at": starts_at.timestamp(),
+            "note": f"opened by {alertname}",
+        },
+    )
+    assert row is not None  # INSERT ... RETURNING id
+    _JOIN.run(conn, {"alert_id": alert_id, "incident_id": row[0]})
+    return int(row[0]), 0
+
+
+def link_new(conn: Connection, alert_id: int, incident_id: int, rung: int) -> None:
+    """Link a new alert's actions (all planned just now) to the incident it opened or joined."""
+    _LINK_NEW.run(conn, {"alert_id": alert_id, "incident_id": incident_id, "rung": rung})
+
+
+def link(conn: Connection, alert_id: int) -> None:
+    """Link the alert's actions planned since the last call to its open incident, if any."""
+    _LINK.run(conn, {"alert_id": alert_id})
+
+
+def link_action(conn: Connection, action_id: int, incident_id: int, rung: int) -> None:
+    _LINK_ACTION.run(conn, {"action_id": action_id, "incident_id": incident_id, "rung": rung})
+
+
+# --- the worker ------------------------------------------------------------------------------
+def action_finished(conn: Connection, record: ActionRecord, state: ActionState, at: float) -> None:
+    """What an action's outcome means for incidents, in the outcome's transaction: a node
+    removed from its job, an incident paged."""
+    if state is not ActionState.SUCCEEDED:
+        return
+    if record.action in REMOVING:
+        job_id = record.labels.get(contract.LABEL_JOB_ID)
+        node = record.labels.get(contract.LABEL_NODE)
+        if job_id and node:
+            _RECORD_REMOVAL.run(
+                conn, {"action_id": record.id, "job_id": job_id, "node": node, "at": at}
+            )
+    elif record.action is Action.PAGE:
+        _MARK_PAGED.run(conn, {"action_id": record.id})
+
+
+# --- the verifier ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AlertFacts:
+    id: int
+    name: str
+    labels: dict[str, str]
+    status: AlertStatus
+    starts_at: float
+
+
+@dataclass(frozen=True)
+class ActionFacts:
+    id: int
+    rung: int
+    action: Action
+    state: ActionState
+    reason: str
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class OpenIncident:
+    """What the verifier needs to judge an open incident."""
+
+    id: int
+    subject: str
+    job_id: str | None
+    failure: Failure | None
+    state: IncidentState
+    rung: int
+    rung_action: str
+    rung_started_at: float
+    ladder: AlertFacts
+    alerts: tuple[AlertFacts, ...]
+    actions: tuple[ActionFacts, ...]
+    deferred: bool
+    first_evidence_at: float | None
+    detected_at: float
+    received_at: float
+    acted_at: float | None
+    deadline_at: float | None
+    baseline_step: int | None
+    baseline_ranks_up: int | None
+    baseline_at: float | None
+    note: str
+
+    @property
+    def node(self) -> str | None:
+        for alert in self.alerts:
+            if alert.labels.get(contract.LABEL_NODE):
+                return alert.labels[contract.LABEL_NODE]
+        return None
+
+
+def _alert_facts(row: RowMapping) -> AlertFacts:
+    return AlertFacts(
+        id=int(row["id"]),
+        name=row["name"],
+        labels=json.loads(row["labels"]),
+        status=AlertStatus(row["status"]),
+        starts_at=datetime.fromisoformat(row["starts_at"]).timestamp(),
+    )
+
+
+def open_incidents(conn: Connection) -> list[OpenIncident]:
+    found = []
+    for incident_id in conn.execute(_OPEN_IDS).scalars().all():
+        incident = _open_incident(conn, int(incident_id))
+        if incident is not None:
+            found.append(incident)
+    return found
+
+
+def _open_incident(conn: Connection, incident_id: int) -> OpenIncident | None:
+    row = conn.execute(_INCIDENT_BY_ID, {"id": incident_id}).mappings().first()
+    if row is None:
+        return None
+    alerts = tuple(
+        _alert_facts(a) for a in conn.execute(_ALERTS_OF, {"id": incident_id}).mappings()
+    )
+    ladder = next(a for a in alerts if a.id == row["ladder_alert_id"])
+    actions = tuple(
+        ActionFacts(
+            id=int(a["id"]),
+            rung=int(a["rung"]),
+            action=Action(a["action"]),
+            state=ActionState(a["state"]),
+            reason=a["reason"],
+            created_at=float(a["created_at"]),
+            updated_at=float(a["updated_at"]),
+        )
+        for a in conn.execute(_ACTIONS_OF, {"id": incident_id}).mappings()
+    )
+    failure = row["failure"]
+    return OpenIncident(
+        id=incident_id,
+        subject=row["subject"],
+        job_id=row["job_id"],
+        failure=None if failure is None else Failure(failure),
+        state=IncidentState(row["state"]),
+        rung=int(row["rung"]),
+        rung_action=row["rung_action"],
+        rung_started_at=float(row["rung_started_at"]),
+        ladder=ladder,
+        alerts=alerts,
+        actions=actions,
+        deferred=conn.execute(_DEFERRED_OF, {"id": incident_id}).first() is not None,
+        first_evidence_at=row["first_evidence_at"],
+        detected_at=float(row["detected_at"]),
+        received_at=float(row["received_at"]),
+        acted_at=row["acted_at"],
+        deadline_at=row["deadline_at"],
+        baseline_step=None if row["baseline_step"] is None else int(row["baseline_step"]),
+        baseline_ranks_up=row["baseline_ranks_up"],
+        baseline_at=row["baseline_at"],
+        note=row["note"],
+    )
+
+
+def removals_since(conn: Connection, job_id: str, since: float) -> list[tuple[int, str]]:
+    """The (action, node) removals from ``job_id`` at or after ``since``."""
+    rows = conn.execute(_REMOVALS_SINCE, {"job_id": job_id, "since": since})
+    return [(int(action_id), node) for action_id, node in rows]
+
+
+@functools.lru_cache(maxsize=32)
+def _update_sql(columns: tuple[str, ...]) -> Statement:
+    assignments = ", ".join(f"{name} = :{name}" for name in columns)
+    return Statement(
+        f"UPDATE incidents SET {assignments} WHERE id = :id AND rung = :rung "
+        f"AND state != '{_CLOSED}'"
+    )
+
+
+def update(conn: Connection, incident_id: int, rung: int, **columns: Any) -> bool:
+    """Change an open incident still on ``rung``; False when it moved on or closed meanwhile."""
+    sql = _update_sql(tuple(sorted(columns)))
+    return sql.run(conn, {"id": incident_id, "rung": rung, **columns}) > 0
+
+
+def set_verdicts(conn: Connection, verdicts: Mapping[int, str]) -> None:
+    for action_id, verdict in verdicts.items():
+        _SET_VERDICT.run(conn, {"action_id": action_id, "verdict": verdict})
+
+
+def advance(
+    conn: Connection, incident_id: int, rung: int, rung_action: Action, at: float, note: str
+) -> bool:
+    """Move an open incident from ``rung`` to the next (compare-and-set)."""
+    values = {
+        "id": incident_id,
+        "rung": rung,
+        "next": rung + 1,
+        "rung_action": rung_action.value,
+        "at": at,
+        "state": IncidentState.ACTING.value,
+        "note": note,
+    }
+    return _ADVANCE.run(conn, values) > 0
+
+
+def open_counts(conn: Connection) -> dict[str | None, int]:
+    return {row["failure"]: int(row["n"]) for row in conn.execute(_OPEN_COUNTS).mappings()}
+
+
+# --- the API ---------------------------------------------------------------------------------
+def _default_verdict(state: ActionState, reason: str, incident_open: bool) -> str:
+    if state in UNFINISHED_STATES:
+        return f"not done yet ({state.value})"
+    if state in HELD_STATES:
+        return f"held back: {reason}"
+    if state is ActionState.CANCELLED:
+        return f"cancelled: {reason}"
+    return "being verified" if incident_open else ""
+
+
+def _view(conn: Connection, row: RowMapping) -> IncidentView:
+    state = IncidentState(row["state"])
+    tried = [
+        TriedAction(
+            rung=int(t["rung"]),
+            action=t["action"],
+            action_id=int(t["id"]),
+            state=t["state"],
+            at=datetime.fromtimestamp(t["created_at"], tz=timezone.utc),
+            verdict=t["verdict"]
+            or _default_verdict(
+                ActionState(t["state"]), t["reason"], state is not IncidentState.CLOSED
+            ),
+        )
+        for t in conn.execute(_TRIED, {"id": row["id"]}).mappings()
+    ]
+    return IncidentView(
+        id=row["id"],
+        subject=row["subject"],
+        job_id=row["job_id"],
+        failure=None if row["failure"] is None else Failure(row["failure"]),
+        alert=IncidentAlert(
+            name=row["alert_name"],
+            fingerprint=row["fingerprint"],
+            labels=json.loads(row["labels"]),
+        ),
+        state=state,
+        outcome=None if row["outcome"] is None else IncidentOutcome(row["outcome"]),
+        job_outcome=None if row["job_outcome"] is None else JobOutcome(row["job_outcome"]),
+        rung=row["rung"],
+        rung_action=row["rung_action"],
+        paged=bool(row["paged"]),
+        first_evidence_at=_time(row["first_evidence_at"]),
+        detected_at=_time(row["detected_at"]),
+        received_at=_time(row["received_at"]),
+        acted_at=_time(row["acted_at"]),
+        recovered_at=_time(row["recovered_at"]),
+        closed_at=_time(row["closed_at"]),
+        deadline_at=_time(row["deadline_at"]),
+        baseline_step=row["baseline_step"],
+        baseline_ranks_up=row["baseline_ranks_up"],
+        tried=tried,
+        note=row["note"],
+    )
+
+
+def list_incidents(
+    conn: Connection,
+    *,
+    state: IncidentState | None = None,
+    outcome: IncidentOutcome | None = None,
+    job_id: str | None = None,
+    before_id: int | None = None,
+    limit: int = 100,
+) -> list[IncidentView]:
+    where: list[str] = []
+    args: dict[str, Any] = {"limit": limit}
+    for column, value in (
+        ("state", None if state is None else state.value),
+        ("outcome", None if outcome is None else outcome.value),
+        ("job_id", job_id),
+    ):
+        if value is not None:
+            where.append(f"incidents.{column} = :{column}")
+            args[column] = value
+    if before_id is not None:
+        where.append("incidents.id < :before_id")
+        args["before_id"] = before_id
+    sql = _INCIDENT_SQL + (f" WHERE {' AND '.join(where)}" if where else "")
+    sql += " ORDER BY incidents.id DESC LIMIT :limit"
+    return [_view(conn, row) for row in conn.execute(text(sql), args).mappings().all()]
+
+
+def get_incident(conn: Connection, incident_id: int) -> IncidentView | None:
+    row = conn.execute(_INCIDENT_BY_ID, {"id": incident_id}).mappings().first()
+    return None if row is None else _view(conn, row)
+
+
+def incident_of_action(conn: Connection, action_id: int) -> IncidentView | None:
+    """The incident an action was planned for, if any."""
+    incident_id = conn.execute(_INCIDENT_OF_ACTION, {"id": action_id}).scalar()
+    return None if incident_id is None else get_incident(conn, int(incident_id))

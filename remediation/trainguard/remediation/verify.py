@@ -1,0 +1,557 @@
+"""The verifier: did a repair work? Climbs the ladder when it did not, and closes each incident.
+
+An action's executor returning says nothing about training. The verifier, on a thread of its
+own, looks at every open incident (:mod:`trainguard.remediation.incidents`) every
+``verify_interval_seconds``:
+
+- baseline: once, from Prometheus when one is configured: the job's highest ``trainguard_step``
+  and its ranks up when the failure was detected (the alert's startsAt), and the first evidence
+  (``ALERTS_FOR_STATE``, the alert's pending start);
+- recovered as soon as every alert of the incident is resolved (Alertmanager said so, or
+  Prometheus no longer has it firing) and, for a job, the job's step has passed its baseline;
+  without Prometheus, by the alerts resolving alone (the note says so);
+- while a rung's actions are not done (pending, running, plan steps still to come) it waits;
+  once they are, the rung has its verification deadline (the rule's or step's
+  ``verify_seconds``, else the action's default) to recover; past it, the next rung is decided
+  through the engine's guards (:meth:`Engine.escalate`). A rung the guards held back entirely
+  (suppressed, skipped, rejected) is noted and the ladder moves on at once (actions cancelled
+  because the alert resolved are not held back: the job still gets the deadline to progress);
+- ladder exhausted: closed ``worse`` if fewer ranks are up than at detection (less those removed
+  on purpose since), else ``not_recovered``; the job ``resumed`` if its step passed the baseline,
+  else ``lost``.
+
+Everything it knows is in the store, so a restarted service resumes where it was. Only the
+process holding the store's worker lock verifies (replicas on one Postgres); each change is a
+compare-and-set on the incident's rung and state, so no rung is climbed twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+import httpx
+from sqlalchemy import Connection
+
+from trainguard import contract
+from trainguard.contract import Action, IncidentOutcome, JobOutcome
+from trainguard.remediation import incidents
+from trainguard.remediation.actions import CATALOG, ActionKind
+from trainguard.remediation.engine import Engine
+from trainguard.remediation.incidents import HELD_STATES, UNFINISHED_STATES, OpenIncident
+from trainguard.remediation.metrics import Metrics
+from trainguard.remediation.models import ActionState, AlertStatus, IncidentState
+from trainguard.remediation.policy import Rule
+from trainguard.remediation.settings import Settings
+from trainguard.remediation.store import Store
+
+log = logging.getLogger(__name__)
+
+_QUERY_TIMEOUT_SECONDS = 10.0
+_ALONE = " (no Prometheus configured: verified by alert resolution alone)"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One series of an instant query's answer."""
+
+    labels: Mapping[str, str]
+    value: float
+
+
+class QueryError(RuntimeError):
+    """Prometheus could not answer the query."""
+
+
+class Query(Protocol):
+    """An instant PromQL query evaluated at ``at`` (a ``time.time()`` instant)."""
+
+    def __call__(self, expr: str, at: float) -> list[Sample]: ...
+
+
+class PrometheusQuery:
+    """:class:`Query` against Prometheus' HTTP API (``/api/v1/query``)."""
+
+    def __init__(self, url: str, timeout: float = _QUERY_TIMEOUT_SECONDS) -> None:
+        self._client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
+
+    def __call__(self, expr: str, at: float) -> list[Sample]:
+        try:
+            response = self._client.get(
+                "/api/v1/query", params={"query": expr, "time": f"{at:.3f}"}
+            )
+            body = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise QueryError(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200 or body.get("status") != "success":
+            raise QueryError(f"HTTP {response.status_code}: {body.get('error', '')}")
+        data = body["data"]
+        if data["resultType"] == "vector":
+            return [Sample(s["metric"], float(s["value"][1])) for s in data["result"]]
+        if data["resultType"] == "scalar":
+            return [Sample({}, float(data["result"][1]))]
+        raise QueryError(f"unexpected result type {data['resultType']!r} for {expr}")
+
+    def close(self) -> None:
+        self._client.close()
+
+
+QueryFactory = Callable[[Settings], Query | None]
+
+
+def prometheus_query(settings: Settings) -> Query | None:
+    """The verifier's Prometheus, or None when ``prometheus_url`` is unset."""
+    return None if not settings.prometheus_url else PrometheusQuery(settings.prometheus_url)
+
+
+def selector(name: str, **labels: str) -> str:
+    """``name{label="value",...}`` with the values quoted as PromQL strings."""
+    matchers = ",".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in labels.items())
+    return f"{name}{{{matchers}}}"
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Default verification deadlines by the kind of action a rung repairs with."""
+
+    directive: float = 180.0
+    restart: float = 300.0
+    exclude: float = 300.0
+    drain: float = 600.0
+    other: float = 300.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Deadlines:
+        return cls(
+            directive=settings.verify_directive_seconds,
+            restart=settings.verify_restart_seconds,
+            exclude=settings.verify_exclude_seconds,
+            drain=settings.verify_drain_seconds,
+            other=settings.verify_page_seconds,
+        )
+
+    def of(self, action: Action) -> float:
+        if CATALOG[action].kind is ActionKind.DIRECTIVE:
+            return self.directive
+        return {
+            Action.RESTART_FROM_CHECKPOINT: self.restart,
+            Action.EXCLUDE_NODE: self.exclude,
+            Action.DRAIN_NODE: self.drain,
+        }.get(action, self.other)
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def _label(incident: OpenIncident) -> str:
+    return "" if incident.failure is None else incident.failure.value
+
+
+@dataclass
+class _Baseline:
+    step: int | None
+    ranks_up: int | None
+    at: float | None
+
+
+class Verifier:
+    """Follows open incidents to their verdict; see the module's docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        engine: Engine,
+        metrics: Metrics,
+        deadlines: Deadlines,
+        query: Query | None,
+        *,
+        interval: float,
+        wake_worker: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._engine = engine
+        self._metrics = metrics
+        self._deadlines = deadlines
+        self._query = query
+        self._interval = interval
+        self._wake_worker = wake_worker
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="trainguard-remediation-verifier", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                # Replicas on one Postgres: only the one that executes actions verifies them.
+                if self._store.hold_worker_lock():
+                    self.verify_all()
+            except Exception:
+                log.exception("remediation verifier turn failed")
+            self._stop.wait(self._interval)
+
+    def verify_all(self, now: float | None = None) -> None:
+        """Look at every open incident once."""
+        for incident in self._store.read(incidents.open_incidents):
+            try:
+                self._verify(incident, time.time() if now is None else now)
+            except Exception:
+                # One incident's trouble (a bad label, a store hiccup) must not stall the others.
+                log.exception("verifying incident %d failed", incident.id)
+
+    # --- one incident ----------------------------------------------------------------------
+    def _verify(self, incident: OpenIncident, now: float) -> None:
+        changes: dict[str, Any] = {}
+        baseline = _Baseline(
+            incident.baseline_step, incident.baseline_ranks_up, incident.baseline_at
+        )
+        notes: list[str] = []
+        if self._query is not None and baseline.at is None:
+            try:
+                changes.update(self._read_baseline(incident, baseline, now))
+            except QueryError as exc:
+                notes.append(f"no baseline yet (Prometheus: {exc})")
+        acted = self._acted(incident)
+        if acted is not None and incident.acted_at is None:
+            changes["acted_at"] = acted[0]
+        try:
+            recovered, why = self._recovered(incident, baseline, now)
+        except QueryError as exc:
+            recovered, why = False, f"cannot tell whether it recovered (Prometheus: {exc})"
+        if self._query is None:
+            why += _ALONE
+        if recovered:
+            job = JobOutcome.RESUMED if baseline.step is not None else None
+            self._close(incident, now, IncidentOutcome.RECOVERED, job, why, changes, True)
+            return
+        why = "; ".join([*notes, why])
+        rule = self._engine.policy.plan(incident.ladder.name, incident.ladder.labels)
+        on_rung = [a for a in incident.actions if a.rung == incident.rung]
+        pending = [a for a in on_rung if a.state in UNFINISHED_STATES]
+        if pending or (incident.rung == 0 and incident.deferred):
+            waiting = ", ".join(f"#{a.id} {a.action.value} ({a.state.value})" for a in pending)
+            note = f"rung {incident.rung} acting: waiting for {waiting or 'plan steps still due'}"
+            acting = IncidentState.ACTING.value
+            self._update(incident, changes, state=acting, deadline_at=None, note=f"{note}; {why}")
+            return
+        repairs = [a for a in on_rung if a.action is not Action.RECOMMEND]
+        if repairs and all(a.state in HELD_STATES for a in repairs):
+            verdicts = {a.id: f"held back: {a.reason}" for a in repairs}
+            self._climb(incident, rule, now, verdicts, f"rung {incident.rung} held back", changes)
+            return
+        finished_at = max((a.updated_at for a in on_rung), default=incident.rung_started_at)
+        seconds = self._verify_seconds(incident, rule)
+        deadline = finished_at + seconds
+        if now < deadline:
+            note = (
+                f"verifying rung {incident.rung} ({incident.rung_action}) until "
+                f"{_iso(deadline)}: {why}"
+            )
+            verifying = IncidentState.VERIFYING.value
+            self._update(incident, changes, state=verifying, deadline_at=deadline, note=note)
+            return
+        verdicts = {
+            a.id: f"held back: {a.reason}"
+            if a.state in HELD_STATES
+            else f"did not recover within {seconds:g}s"
+            for a in on_rung
+        }
+        failed = f"rung {incident.rung} ({incident.rung_action}) did not recover it: {why}"
+        self._climb(incident, rule, now, verdicts, failed, changes)
+
+    def _verify_seconds(self, incident: OpenIncident, rule: Rule | None) -> float:
+        if rule is not None and incident.rung < rule.rungs:
+            own = (
+                rule.verify_seconds
+                if incident.rung == 0
+                else rule.escalate[incident.rung - 1].verify_seconds
+            )
+            if own is not None:
+                return own
+        tried = {
+            a.action
+            for a in incident.actions
+            if a.rung == incident.rung
+            and a.action is not Action.RECOMMEND
+            and a.state not in HELD_STATES
+        }
+        # Several repairs on one rung (dump, then restart): the slowest one's deadline.
+        return max(
+            (self._deadlines.of(action) for action in tried),
+            default=self._deadlines.of(Action(incident.rung_action)),
+        )
+
+    def _climb(
+        self,
+        incident: OpenIncident,
+        rule: Rule | None,
+        now: float,
+        verdicts: Mapping[int, str],
+        why: str,
+        changes: dict[str, Any],
+    ) -> None:
+        rung = incident.rung + 1
+        if rule is None or rung >= rule.rungs:
+            self._close_unrecovered(incident, now, verdicts, why, changes)
+            return
+        step = rule.escalate[rung - 1]
+        due = incident.ladder.starts_at + step.after_seconds
+        if now < due:
+            note = f"{why}; rung {rung} ({step.action.value}) is due at {_iso(due)}"
+            self._update(incident, changes, note=note)
+            return
+        if changes:
+            self._update(incident, changes)
+        note = f"{why}; escalated to rung {rung}: {step.action.value}"
+        planned = self._store.write_sync(
+            self._engine.escalate(
+                incident.id,
+                incident.rung,
+                step,
+                len(rule.actions) + rung - 1,
+                incident.ladder,
+                verdicts,
+                note,
+                now,
+            )
+        )
+        if planned is None:
+            return
+        self._metrics.escalations.labels(_label(incident), step.action.value).inc()
+        self._metrics.record_decisions(planned.decisions)
+        log.warning("incident %d: %s", incident.id, note)
+        if planned.queued:
+            self._wake_worker()
+
+    def _close_unrecovered(
+        self,
+        incident: OpenIncident,
+        now: float,
+        verdicts: Mapping[int, str],
+        why: str,
+        changes: dict[str, Any],
+    ) -> None:
+        outcome, job = IncidentOutcome.NOT_RECOVERED, None
+        step = changes.get("baseline_step", incident.baseline_step)
+        ranks = changes.get("baseline_ranks_up", incident.baseline_ranks_up)
+        note = f"{why}; the ladder is exhausted"
+        if self._query is not None and incident.job_id is not None and step is not None:
+            try:
+                current = self._job_step(incident.job_id, now)
+                passed = current is not None and current > step
+                job = JobOutcome.RESUMED if passed else JobOutcome.LOST
+                if ranks is not None:
+                    up = self._ranks_up(incident.job_id, now)
+                    removed = self._removed_ranks(incident)
+                    if up < ranks - removed:
+                        outcome = IncidentOutcome.WORSE
+                        note += f"; {up} rank(s) up against {ranks} at detection" + (
+                            f" less {removed} removed on purpose" if removed else ""
+                        )
+            except QueryError as exc:
+                note += f"; could not judge the job's state (Prometheus: {exc})"
+        self._close(incident, now, outcome, job, note, changes, False, verdicts)
+
+    def _close(
+        self,
+        incident: OpenIncident,
+        now: float,
+        outcome: IncidentOutcome,
+        job: JobOutcome | None,
+        note: str,
+        changes: dict[str, Any],
+        recovered: bool,
+        verdicts: Mapping[int, str] | None = None,
+    ) -> None:
+        if recovered:
+            verdicts = {
+                a.id: "recovered" if a.state not in HELD_STATES else f"held back: {a.reason}"
+                for a in incident.actions
+                if a.rung == incident.rung
+            }
+        values = {
+            **changes,
+            "state": IncidentState.CLOSED.value,
+            "outcome": outcome.value,
+            "job_outcome": None if job is None else job.value,
+            "recovered_at": now if recovered else None,
+            "closed_at": now,
+            "deadline_at": None,
+            "note": note,
+        }
+
+        def unit(conn: Connection) -> bool:
+            if not incidents.update(conn, incident.id, incident.rung, **values):
+                return False
+            incidents.set_verdicts(conn, verdicts or {})
+            return True
+
+        if not self._store.write_sync(unit):
+            return
+        self._observe(incident, now, outcome, job, changes, recovered)
+        level = logging.INFO if recovered else logging.WARNING
+        log.log(level, "incident %d closed %s: %s", incident.id, outcome.value, note)
+
+    def _observe(
+        self,
+        incident: OpenIncident,
+        now: float,
+        outcome: IncidentOutcome,
+        job: JobOutcome | None,
+        changes: Mapping[str, Any],
+        recovered: bool,
+    ) -> None:
+        failure, m = _label(incident), self._metrics
+        m.incidents.labels(failure, outcome.value).inc()
+        if job is not None:
+            m.incident_jobs.labels(failure, job.value).inc()
+        first = changes.get("first_evidence_at", incident.first_evidence_at)
+        if first is not None:
+            m.time_to_detect.labels(failure).observe(max(0.0, incident.received_at - first))
+        acted = self._acted(incident)
+        if acted is not None:
+            m.time_to_act.labels(failure, acted[1].value).observe(
+                max(0.0, acted[0] - incident.detected_at)
+            )
+        if recovered:
+            m.time_to_recover.labels(failure, incident.rung_action).observe(
+                max(0.0, now - incident.detected_at)
+            )
+
+    def _update(self, incident: OpenIncident, changes: dict[str, Any], **columns: Any) -> None:
+        values = {**changes, **columns}
+        current = {
+            "state": incident.state.value,
+            "deadline_at": incident.deadline_at,
+            "note": incident.note,
+        }
+        if all(current.get(name, object()) == value for name, value in values.items()):
+            return  # nothing new: no write every turn for an incident that waits
+        self._store.write_sync(
+            lambda conn: incidents.update(conn, incident.id, incident.rung, **values)
+        )
+        changes.clear()
+
+    # --- what the world says ---------------------------------------------------------------
+    @staticmethod
+    def _acted(incident: OpenIncident) -> tuple[float, Action] | None:
+        """When the first repair was carried out, and which (not advice, not a page)."""
+        done = [
+            (a.updated_at, a.action)
+            for a in incident.actions
+            if a.state is ActionState.SUCCEEDED and a.action not in (Action.RECOMMEND, Action.PAGE)
+        ]
+        return min(done, key=lambda found: found[0]) if done else None
+
+    def _read_baseline(
+        self, incident: OpenIncident, baseline: _Baseline, now: float
+    ) -> dict[str, Any]:
+        if incident.job_id is not None:
+            baseline.step = self._job_step(incident.job_id, incident.detected_at)
+            baseline.ranks_up = self._ranks_up(incident.job_id, incident.detected_at)
+        baseline.at = now
+        opener = incident.alerts[0]
+        identity = {
+            name: opener.labels[name]
+            for name in (*contract.RANK_IDENTITY_LABELS, contract.LABEL_GPU)
+            if opener.labels.get(name)
+        }
+        assert self._query is not None
+        active = self._query(
+            selector("ALERTS_FOR_STATE", alertname=opener.name, **identity), incident.received_at
+        )
+        first = min((s.value for s in active), default=incident.detected_at)
+        return {
+            "baseline_step": baseline.step,
+            "baseline_ranks_up": baseline.ranks_up,
+            "baseline_at": now,
+            "first_evidence_at": min(first, incident.detected_at),
+        }
+
+    def _recovered(
+        self, incident: OpenIncident, baseline: _Baseline, now: float
+    ) -> tuple[bool, str]:
+        firing = [a for a in incident.alerts if a.status is AlertStatus.FIRING]
+        if firing and self._query is not None:
+            # Alertmanager tells of a resolution late (group_interval) or, if it lost it, never.
+            firing = [a for a in firing if self._query(self._alerts_expr(a), now)]
+        if firing:
+            return False, f"{', '.join(sorted({a.name for a in firing}))} still firing"
+        if incident.job_id is None or self._query is None:
+            return True, "its alerts resolved"
+        if baseline.at is None:
+            return False, "its alerts resolved; the job's progress is not known yet"
+        if baseline.step is None:
+            return True, (
+                "its alerts resolved; the job reported no trainguard_step at detection, so its "
+                "progress was not checked"
+            )
+        step = self._job_step(incident.job_id, now)
+        if step is None or step <= baseline.step:
+            at = "no step reported" if step is None else f"at step {step}"
+            return False, (
+                f"its alerts resolved but job {incident.job_id} has not passed step "
+                f"{baseline.step} ({at})"
+            )
+        return True, (
+            f"its alerts resolved and job {incident.job_id} passed step {baseline.step} "
+            f"(now {step})"
+        )
+
+    @staticmethod
+    def _alerts_expr(alert: incidents.AlertFacts) -> str:
+        job_id = alert.labels.get(contract.LABEL_JOB_ID)
+        scope = (
+            {contract.LABEL_JOB_ID: job_id}
+            if job_id
+            else {contract.LABEL_NODE: alert.labels.get(contract.LABEL_NODE, "")}
+        )
+        return selector("ALERTS", alertname=alert.name, alertstate="firing", **scope)
+
+    def _job_step(self, job_id: str, at: float) -> int | None:
+        assert self._query is not None
+        found = self._query(
+            f"max({selector(contract.TRAINING_STEP.name, **{contract.LABEL_JOB_ID: job_id})})",
+            at,
+        )
+        return int(found[0].value) if found else None
+
+    def _ranks_up(self, job_id: str, at: float, node: str | None = None) -> int:
+        assert self._query is not None
+        labels = {"job": contract.SCRAPE_JOB_RANKS, contract.LABEL_JOB_ID: job_id}
+        if node is not None:
+            labels[contract.LABEL_NODE] = node
+        found = self._query(f"count({selector('up', **labels)} == 1)", at)
+        return int(found[0].value) if found else 0
+
+    def _removed_ranks(self, incident: OpenIncident) -> int:
+        """Ranks of the job on nodes removed on purpose since the failure was detected, as many
+        as each such node had up then."""
+        assert incident.job_id is not None
+        job_id = incident.job_id
+        removals = self._store.read(
+            lambda conn: incidents.removals_since(conn, job_id, incident.detected_at)
+        )
+        nodes = {node for _, node in removals}
+        return sum(self._ranks_up(job_id, incident.detected_at, node) for node in nodes)
