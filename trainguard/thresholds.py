@@ -73,6 +73,7 @@ class Thresholds:
     nccl_socket_transport: str
     nccl_socket_for: str
     scheduler_labels_window: str
+    reliability_interval: str
     runbook_base_url: str
 
     @classmethod

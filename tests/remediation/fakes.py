@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -45,13 +46,25 @@ class FakePrometheus:
     queries: list[tuple[str, float]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The step as the test set it over time: the verifier asks for the step at the moment
+        # a repair was carried out, not only for the current one.
+        if name == "step":
+            self.__dict__.setdefault("step_history", []).append((time.time(), value))
+        object.__setattr__(self, name, value)
+
+    def _step_at(self, at: float) -> float | None:
+        history: list[tuple[float, float | None]] = self.__dict__["step_history"]
+        earlier = [value for when, value in history if when <= at]
+        return earlier[-1] if earlier else history[0][1]
+
     def __call__(self, expr: str, at: float) -> list[Sample]:
         with self.lock:
             self.queries.append((expr, at))
             before = at <= DETECTED_AT + 1
             labels = dict(_LABEL.findall(expr))
             if expr.startswith(f"max({contract.TRAINING_STEP.name}"):
-                value = self.baseline_step if before else self.step
+                value = self.baseline_step if before else self._step_at(at)
                 return [] if value is None else [Sample({}, value)]
             if expr.startswith("count(up"):
                 ranks = self.baseline_ranks if before else self.ranks
@@ -152,5 +165,6 @@ def with_policy(settings: Settings, tmp_path: Path, rules: list[dict[str, Any]])
             "dry_run": False,
             "require_approval": False,
             "verify_interval_seconds": 0.05,
+            "verify_progress_seconds": 0.5,
         }
     )

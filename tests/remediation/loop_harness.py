@@ -493,6 +493,9 @@ class LoopStack:
                 "TRAINGUARD_REMEDIATION_ALERTMANAGER_URL": self.url("alertmanager"),
                 "TRAINGUARD_REMEDIATION_PUBLIC_URL": self.url("service"),
                 "TRAINGUARD_REMEDIATION_VERIFY_INTERVAL_SECONDS": "1",
+                # The fake ranks step every scrape or so: a few seconds of progress after a
+                # repair tell training goes on.
+                "TRAINGUARD_REMEDIATION_VERIFY_PROGRESS_SECONDS": "4",
                 "TRAINGUARD_REMEDIATION_REQUIRE_APPROVAL": "false",
                 "TRAINGUARD_REMEDIATION_BUDGET_PER_HOUR": "50",
                 "TRAINGUARD_REMEDIATION_SWEEP_INTERVAL_SECONDS": "0.5",

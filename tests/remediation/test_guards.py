@@ -163,6 +163,38 @@ def test_budget_trips_breaker_until_manual_reset(settings: Settings) -> None:
         ] == ["j1"]
 
 
+@both_backends
+def test_guards_hold_between_the_alerts_of_one_notification(settings: Settings) -> None:
+    # The webhook reads a subject's guard state once per notification and keeps it up to date
+    # as it decides: the same decisions as alert by alert.
+    with serve(settings) as client:
+        _send(
+            client,
+            alert("TrainingRankDown", fingerprint="a", job_id="j1"),
+            alert("TrainingRankDown", fingerprint="b", job_id="j1"),
+            alert("TrainingRankDown", fingerprint="c", job_id="j2"),
+        )
+        by_fp = {a["alert"]["fingerprint"]: a for a in _actions(client)}
+        assert [by_fp[fp]["state"] for fp in "abc"] == ["dry_run", "suppressed", "dry_run"]
+        assert by_fp["b"]["reason"].startswith("cooldown: restart_from_checkpoint for j1")
+    budget = fresh_database(settings, "budget").model_copy(
+        update={"cooldown_seconds": 0.0, "budget_per_hour": 3}
+    )
+    with serve(budget) as client:
+        _send(client, alert("TrainingRankDown", fingerprint="before", job_id="j1"))
+        _send(
+            client,
+            *(alert("TrainingRankDown", fingerprint=f"f{i}", job_id="j1") for i in range(4)),
+            alert("TrainingRankDown", fingerprint="other", job_id="j2"),
+        )
+        actions = list(reversed(_actions(client)))
+        assert [a["state"] for a in actions] == ["dry_run"] * 3 + ["suppressed"] * 2 + ["dry_run"]
+        assert "budget of 3 actions per hour exhausted" in actions[3]["reason"]
+        assert "circuit breaker open for j1" in actions[4]["reason"]
+        breakers = client.get("/v1/breakers", headers=AUTH).json()["breakers"]
+        assert [b["subject"] for b in breakers] == ["j1"]
+
+
 def test_deferred_step_is_planned_once_the_alert_persists(settings: Settings) -> None:
     now = datetime.now(timezone.utc)
     fresh = alert("TrainingStraggler", job_id="j1", node="n1", rank="3", starts_at=now.isoformat())

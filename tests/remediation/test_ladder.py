@@ -122,6 +122,46 @@ def test_recovered_once_the_alert_resolved_and_the_job_passed_its_step(
     assert _sample(metrics, contract.REMEDIATION_ESCALATIONS.name, **restart) == 0.0
 
 
+def test_a_job_that_kept_stepping_must_pass_the_step_of_its_repair(
+    settings: Settings, tmp_path: Path, recorder: RecordingExecutor
+) -> None:
+    # Detected at step 100, the job kept stepping (a straggler slows it, a rank down may not
+    # stop it at once) and was at 150 when restarted; the restart resumed from a checkpoint.
+    live = with_policy(settings, tmp_path, _ladder(restart_seconds=60))
+    prometheus = FakePrometheus(step=150.0)
+    with serve_verified(live, prometheus, recorder) as client:
+        _send(client, RANK_DOWN)
+        wait_for(lambda: _only_incident(client)["state"] == "verifying", timeout=20)
+        prometheus.step = 145.0
+        wait_for(lambda: "has not passed step 150 (at step 145)" in _only_incident(client)["note"])
+        assert _only_incident(client)["state"] == "verifying"
+        prometheus.step = 151.0
+        closed = _closed(client)
+    assert closed["outcome"] == "recovered"
+    assert "passed step 150 (now 151)" in closed["note"]
+
+
+def test_the_last_steps_before_a_repair_takes_are_no_recovery(
+    settings: Settings, tmp_path: Path, recorder: RecordingExecutor
+) -> None:
+    # The executor returned at step 150; the ranks it stops finish two more steps, then are
+    # gone while the job re-forms. Recovered only once it trains on after the repair.
+    live = with_policy(settings, tmp_path, _ladder(restart_seconds=60))
+    live = live.model_copy(update={"verify_progress_seconds": 5.0})
+    prometheus = FakePrometheus(step=150.0)
+    with serve_verified(live, prometheus, recorder) as client:
+        _send(client, RANK_DOWN)
+        wait_for(lambda: _only_incident(client)["state"] == "verifying", timeout=20)
+        prometheus.step = 152.0
+        wait_for(lambda: "watching it keep training" in _only_incident(client)["note"])
+        prometheus.step = None
+        wait_for(lambda: "no step reported" in _only_incident(client)["note"])
+        assert _only_incident(client)["state"] == "verifying"
+        prometheus.step = 160.0
+        closed = _closed(client)
+    assert closed["outcome"] == "recovered" and "now 160" in closed["note"]
+
+
 def test_without_prometheus_recovery_is_the_alert_resolving(
     settings: Settings, tmp_path: Path, recorder: RecordingExecutor
 ) -> None:

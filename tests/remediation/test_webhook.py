@@ -162,6 +162,57 @@ def test_a_firing_notification_after_the_resolution_plans_nothing(settings: Sett
         assert rows(settings, "SELECT status, notifications FROM alerts") == [("resolved", 2)]
 
 
+@both_backends
+def test_one_notification_of_many_alerts_is_stored_alert_by_alert(settings: Settings) -> None:
+    # More alerts than one statement stores (the webhook stores them in chunks), each of its own
+    # job: every action must be planned for its own alert.
+    alerts = [alert("TrainingRankDown", fingerprint=f"f{i}", job_id=f"j{i}") for i in range(120)]
+    with serve(settings) as client:
+        body = client.post("/v1/alertmanager", json=payload(*alerts), headers=AUTH).json()
+        assert (body["stored"], body["duplicates"], len(body["planned_actions"])) == (120, 0, 120)
+        found = rows(
+            settings,
+            "SELECT alerts.fingerprint, actions.subject, alerts.notifications FROM actions "
+            "JOIN alerts ON alerts.id = actions.alert_id",
+        )
+        assert sorted(found) == sorted((f"f{i}", f"j{i}", 1) for i in range(120))
+        assert sorted(body["planned_actions"]) == [
+            row[0] for row in rows(settings, "SELECT id FROM actions ORDER BY id")
+        ]
+
+
+@both_backends
+def test_an_alert_twice_in_one_notification_is_stored_once(settings: Settings) -> None:
+    twice = alert("TrainingRankDown", fingerprint="a", job_id="j1")
+    other = alert("TrainingRankDown", fingerprint="b", job_id="j2")
+    with serve(settings) as client:
+        body = client.post(
+            "/v1/alertmanager", json=payload(twice, other, twice), headers=AUTH
+        ).json()
+        assert (body["stored"], body["duplicates"], len(body["planned_actions"])) == (2, 1, 2)
+        assert sorted(rows(settings, "SELECT fingerprint, notifications FROM alerts")) == [
+            ("a", 2),
+            ("b", 1),
+        ]
+
+
+@both_backends
+def test_a_resolution_in_the_same_notification_cancels_what_it_planned(
+    settings: Settings,
+) -> None:
+    settings = settings.model_copy(update={"dry_run": False})
+    firing = alert("TrainingRankDown", fingerprint="a", job_id="j1")
+    resolved = alert("TrainingRankDown", fingerprint="a", job_id="j1", status="resolved")
+    with serve(settings) as client:
+        body = client.post("/v1/alertmanager", json=payload(firing, resolved), headers=AUTH).json()
+        assert (body["resolved"], body["cancelled_actions"]) == (1, 1)
+        (action_id,) = body["planned_actions"]
+        view = client.get(f"/v1/actions/{action_id}", headers=AUTH).json()
+        assert view["state"] == "cancelled"
+        # The audit trail keeps the order: decided first, then cancelled.
+        assert [t["state"] for t in view["transitions"]] == ["awaiting_approval", "cancelled"]
+
+
 def test_refuses_to_start_without_a_token(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="no bearer token"):
         create_app(Settings(db_path=tmp_path / "db"))

@@ -48,6 +48,8 @@ DEMO_THRESHOLDS: dict[str, Any] = {
     "oom_window": "30s",
     "nccl_timeout_window": "2m",
     "dataloader_for": "1m",
+    # The reliability panels (success rate, MTTR) within the demo's three minutes.
+    "reliability_interval": "4s",
     "fragmentation_for": "1m",
 }
 # How long the service gives each of the demo's repairs to show recovery before it escalates.
@@ -308,6 +310,8 @@ class Stack:
                 "TRAINGUARD_REMEDIATION_ALERTMANAGER_URL": cfg.url("alertmanager"),
                 "TRAINGUARD_REMEDIATION_PUBLIC_URL": cfg.url("remediation"),
                 "TRAINGUARD_REMEDIATION_VERIFY_INTERVAL_SECONDS": "1",
+                # The demo steps ten times a second: 10 s of training after a repair is plenty.
+                "TRAINGUARD_REMEDIATION_VERIFY_PROGRESS_SECONDS": "10",
             },
         )  # fmt: skip
         self._start(

@@ -199,21 +199,15 @@ def _reliability(w: str) -> list[Rule]:
     ]
 
 
-# How often the reliability rules are evaluated: a group of their own, once a minute, off the
-# alerts' group (evaluated at Prometheus' global interval, 15s in deploy/prometheus.yml). A
-# week of the service's incident series (a few dozen: failures x outcomes, failures x actions)
-# is a few million samples, cheap once a minute; a longer interval would save little and leave
-# a freshly closed incident off the dashboard (and the demo's three-minute run) for as long.
-# Under Prometheus' 5m lookback, a stat panel's instant query always finds the last value.
-RELIABILITY_INTERVAL = "1m"
-
-
-def reliability_group(prefix: str) -> dict[str, Any]:
+def reliability_group(prefix: str, t: Thresholds) -> dict[str, Any]:
     """The group of the reliability rules, every window of ``contract.RELIABILITY_WINDOWS``,
-    named ``<prefix>-reliability``."""
+    named ``<prefix>-reliability`` and evaluated every ``t.reliability_interval`` (a group of
+    its own: no alert reads them, and a week of the service's few dozen incident series is
+    cheap at that pace; under Prometheus' 5m lookback a stat panel's instant query always
+    finds the last value)."""
     rules = [rule for window in contract.RELIABILITY_WINDOWS for rule in _reliability(window)]
     return {
         "name": f"{prefix}-reliability",
-        "interval": RELIABILITY_INTERVAL,
+        "interval": t.reliability_interval,
         "rules": _as_records(rules),
     }

@@ -56,7 +56,7 @@ def render(t: Thresholds) -> str:
     document = {
         "groups": [
             {"name": GROUP, "rules": [*recording_rules(t), *alert_rules(t)]},
-            reliability_group(GROUP),
+            reliability_group(GROUP, t),
         ]
     }
     header = (

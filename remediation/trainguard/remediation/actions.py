@@ -9,6 +9,7 @@ by posting the service's own alert to Alertmanager.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 from trainguard import contract
@@ -120,9 +121,11 @@ CATALOG: dict[Action, ActionSpec] = {
 }
 
 
+@functools.lru_cache(maxsize=256)
 def failure_of(alertname: str) -> contract.Failure | None:
     """The failure an alert reports (``contract.failure_of``); None when the alert is not one
-    of trainguard's (a policy may have rules for anyone's alerts)."""
+    of trainguard's (a policy may have rules for anyone's alerts). Cached: the webhook asks for
+    every decision, and the answer is fixed by the contract."""
     try:
         return contract.failure_of(contract.Alert(alertname))
     except (ValueError, KeyError):

@@ -86,7 +86,8 @@ async def alertmanager(payload: WebhookPayload, runtime: RuntimeDep) -> WebhookR
     if result.duplicates:
         metrics.alerts_deduplicated.inc(result.duplicates)
     metrics.record_decisions(planned.decisions)
-    for decided in planned.decided:
+    # Built only when logged: a notification of ten alerts makes twenty decisions.
+    for decided in planned.decided if log.isEnabledFor(logging.INFO) else ():
         action, state = decided.action.value, decided.state.value
         log_event(
             f"decision: {action} -> {state}",

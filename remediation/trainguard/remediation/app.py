@@ -157,6 +157,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = Store(database, synchronous=settings.sqlite_synchronous)
         metrics = Metrics(store, settings.dry_run)
+        metrics.prime(policy)
         hub = DirectiveHub(
             asyncio.get_running_loop(),
             listening_seconds=settings.long_poll_max_seconds + LISTENING_GRACE_SECONDS,

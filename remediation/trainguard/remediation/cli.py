@@ -22,6 +22,7 @@ _VERIFY_FLAGS = (
     ("verify_exclude_seconds", "verification deadline after exclude_node (300)"),
     ("verify_drain_seconds", "verification deadline after drain_node (600)"),
     ("verify_page_seconds", "verification deadline after page, annotate or advice (300)"),
+    ("verify_progress_seconds", "how long a job must keep stepping after a repair (60)"),
 )
 
 

@@ -49,7 +49,6 @@ from trainguard.remediation.models import (
     AlertStatus,
     Decision,
     DirectiveAck,
-    WebhookAlert,
     WebhookPayload,
     WebhookResult,
 )
@@ -85,7 +84,8 @@ def _guard_sql(hint: str) -> Statement:
         (SELECT COUNT(*) FROM actions {hint}
          WHERE subject = :subject AND {COUNTED_FILTER} AND created_at > :since
            AND created_at > COALESCE(
-               (SELECT reset_at FROM budget_resets WHERE subject = :subject), 0)) AS used
+               (SELECT reset_at FROM budget_resets WHERE subject = :subject), 0)) AS used,
+        (SELECT reset_at FROM budget_resets WHERE subject = :subject) AS reset
     """)
 
 
@@ -95,20 +95,46 @@ _GUARD_SQL = {"sqlite": _guard_sql("INDEXED BY actions_counted"), "postgresql": 
 _INSERT_TRANSITION = Statement(
     "INSERT INTO transitions (action_id, state, at, note) VALUES (:action_id, :state, :at, :note)"
 )
-# A notification repeated by Alertmanager (retry, repeat_interval, HA peers) lands on the same
-# (fingerprint, startsAt) row; only a resolution changes it.
-_UPSERT_ALERT = Statement("""
-    INSERT INTO alerts (fingerprint, starts_at, name, status, labels, annotations,
-                        ends_at, generator_url, group_key, receiver, received_at)
-    VALUES (:fingerprint, :starts_at, :name, :status, :labels, :annotations,
-            :ends_at, :generator_url, :group_key, :receiver, :received_at)
+_ALERT_COLUMNS = (
+    "fingerprint",
+    "starts_at",
+    "name",
+    "status",
+    "labels",
+    "annotations",
+    "ends_at",
+    "generator_url",
+    "group_key",
+    "receiver",
+    "received_at",
+)
+# Alerts stored by one statement: 11 parameters each stays under SQLite's oldest limit (999).
+_UPSERT_CHUNK = 50
+
+
+@functools.lru_cache(maxsize=_UPSERT_CHUNK)
+def _upsert_alerts_sql(count: int) -> Statement:
+    """Store ``count`` alerts in one statement (parameters suffixed ``_0``, ``_1``, ...).
+
+    A notification repeated by Alertmanager (retry, repeat_interval, HA peers) lands on the same
+    (fingerprint, startsAt) row; only a resolution changes it. One statement per notification
+    rather than per alert: statements are most of the webhook's cost. Its rows carry their key,
+    as neither database promises RETURNING's order.
+    """
+    rows = ", ".join(
+        "(" + ", ".join(f":{name}_{i}" for name in _ALERT_COLUMNS) + ")" for i in range(count)
+    )
+    return Statement(f"""
+    INSERT INTO alerts ({", ".join(_ALERT_COLUMNS)}) VALUES {rows}
     ON CONFLICT (fingerprint, starts_at) DO UPDATE SET
         notifications = alerts.notifications + 1,
         status = CASE WHEN excluded.status = 'resolved' THEN 'resolved' ELSE alerts.status END,
         ends_at = CASE WHEN excluded.status = 'resolved' THEN excluded.ends_at
                        ELSE alerts.ends_at END
-    RETURNING id, notifications, status
+    RETURNING fingerprint, starts_at, id, notifications, status
     """)
+
+
 _PENDING_OF_ALERT = Statement(f"""
     SELECT actions.id FROM actions JOIN alerts ON alerts.id = actions.alert_id
     WHERE alerts.fingerprint = :fingerprint AND actions.state IN ({_PENDING_SQL})
@@ -124,12 +150,13 @@ _DEFER = Statement(
     "INSERT INTO deferred (alert_id, due_at) VALUES (:alert_id, :due_at) "
     "ON CONFLICT (alert_id) DO UPDATE SET due_at = excluded.due_at"
 )
+# Actions are numbered by the unit that decides them (see _Unit.action_id) and written in bulk.
+_LAST_ACTION = Statement("SELECT COALESCE(MAX(id), 0) FROM actions")
 _INSERT_ACTION = Statement("""
-    INSERT INTO actions (alert_id, step, subject, action, executor, params, destructive,
+    INSERT INTO actions (id, alert_id, step, subject, action, executor, params, destructive,
                          state, reason, created_at, updated_at)
-    VALUES (:alert_id, :step, :subject, :action, :executor, :params, :destructive,
+    VALUES (:id, :alert_id, :step, :subject, :action, :executor, :params, :destructive,
             :state, :reason, :created_at, :updated_at)
-    RETURNING id
     """)
 _TRIP_BREAKER = Statement(
     "INSERT INTO breakers (subject, tripped_at, reason) VALUES (:subject, :at, :reason) "
@@ -187,6 +214,65 @@ class Planned:
     def decisions(self) -> list[tuple[str, ActionState]]:
         """(action name, state) of each decision: what the decision metrics count."""
         return [(d.action.value, d.state) for d in self.decided]
+
+
+@dataclass
+class _Subject:
+    """A subject's guard state as a unit last saw it: breaker, budget used, when each action
+    last counted."""
+
+    breaker: str | None
+    used: int
+    reset: float
+    last: dict[str, float | None]
+
+
+class _Unit:
+    """One ingest, sweep or escalation unit: its moment, what it has learned, what it owes.
+
+    The guards of a notification's alerts (one job's, mostly) ask the store once per subject and
+    action; the unit then keeps the answer true itself as it decides, which is exact because it
+    runs on the store's only writer (on Postgres, under the writers' lock) with ``at`` fixed:
+    counted actions it records raise ``used`` and ``last``, a budget it exhausts opens the
+    breaker, and anything else that changes counted actions (a resolution cancelling pending
+    ones) forgets what it knew.
+
+    The unit's actions, their first transitions and its deferrals, like the incidents' links,
+    are written in bulk by :meth:`flush` (one driver call per table rather than a statement per
+    row), before any statement reads them and at the end of the unit. So that an action's id is
+    known before its row is written, the unit numbers its actions itself, after the highest id
+    in the table: no other writer can insert meanwhile (SQLite's one writer in its IMMEDIATE
+    transaction; on Postgres the writers' lock, held to the commit), and every action is
+    inserted here.
+    """
+
+    def __init__(self, conn: Connection, at: float) -> None:
+        self.conn = conn
+        self.at = at
+        self.known = incidents.Known()
+        self.subjects: dict[str, _Subject] = {}
+        self.actions: list[dict[str, Any]] = []
+        self.transitions: list[dict[str, Any]] = []
+        self.deferrals: list[dict[str, Any]] = []
+        self._next_action: int | None = None
+
+    def action_id(self) -> int:
+        """The id of the unit's next action."""
+        if self._next_action is None:
+            row = _LAST_ACTION.first(self.conn, {})
+            assert row is not None  # an aggregate has one row
+            self._next_action = int(row[0]) + 1
+        self._next_action += 1
+        return self._next_action - 1
+
+    def flush(self) -> None:
+        _INSERT_ACTION.many(self.conn, self.actions)
+        _INSERT_TRANSITION.many(self.conn, self.transitions)
+        _DEFER.many(self.conn, self.deferrals)
+        self.known.flush(self.conn)
+        self.actions.clear()
+        self.transitions.clear()
+        self.deferrals.clear()
 
 
 def record_transition(conn: Connection, action_id: int, state: str, note: str) -> None:
@@ -248,32 +334,27 @@ class Engine:
         self, payload: WebhookPayload, now: float | None = None
     ) -> Callable[[Connection], tuple[WebhookResult, Planned]]:
         def unit(conn: Connection) -> tuple[WebhookResult, Planned]:
-            at = time.time() if now is None else now
+            batch = _Unit(conn, time.time() if now is None else now)
             planned = Planned()
             stored = duplicates = resolved = cancelled = 0
-            for alert in payload.alerts:
-                alert_id, notifications, status = self._store_alert(conn, payload, alert, at)
+            for alert, (alert_id, notifications, status) in zip(
+                payload.alerts, self._store_alerts(conn, payload, batch.at), strict=True
+            ):
                 if notifications == 1:
                     stored += 1
                 else:
                     duplicates += 1
                 if alert.status is AlertStatus.RESOLVED:
                     resolved += 1
-                    cancelled += self._cancel_pending(conn, alert.fingerprint)
+                    cancelled += self._cancel_pending(batch, alert.fingerprint)
                 # A firing notification that arrives after the resolution (HA peers, retries
                 # out of order) finds the row resolved: it is counted, and plans nothing.
                 elif status is AlertStatus.FIRING:
                     new = notifications == 1  # a new alert has no planned steps to look up
                     self._plan(
-                        conn,
-                        alert_id,
-                        alert.name,
-                        alert.labels,
-                        alert.starts_at,
-                        at,
-                        planned,
-                        new=new,
+                        batch, alert_id, alert.name, alert.labels, alert.starts_at, planned, new=new
                     )
+            batch.flush()
             result = WebhookResult(
                 stored=stored,
                 duplicates=duplicates,
@@ -286,36 +367,57 @@ class Engine:
         return unit
 
     @staticmethod
-    def _store_alert(
-        conn: Connection, payload: WebhookPayload, alert: WebhookAlert, at: float
-    ) -> tuple[int, int, AlertStatus]:
-        """The alert's row id, how many notifications it has had, and its stored status."""
-        row = _UPSERT_ALERT.first(
-            conn,
-            {
-                "fingerprint": alert.fingerprint,
-                "starts_at": alert.starts_at.isoformat(),
-                "name": alert.name,
-                "status": alert.status.value,
-                "labels": json.dumps(alert.labels, sort_keys=True),
-                "annotations": json.dumps(alert.annotations, sort_keys=True),
-                "ends_at": _iso(alert.ends_at_or_none),
-                "generator_url": alert.generator_url,
-                "group_key": payload.group_key,
-                "receiver": payload.receiver,
-                "received_at": at,
-            },
-        )
-        assert row is not None  # an upsert with RETURNING always returns its row
-        alert_id, notifications, status = row
-        return int(alert_id), int(notifications), AlertStatus(status)
+    def _store_alerts(
+        conn: Connection, payload: WebhookPayload, at: float
+    ) -> list[tuple[int, int, AlertStatus]]:
+        """Each alert's row id, how many notifications it has had, and its stored status."""
+        group_key, receiver = payload.group_key, payload.receiver
+        keyed = [
+            (
+                alert.fingerprint,
+                alert.starts_at.isoformat(),
+                alert.name,
+                alert.status.value,
+                json.dumps(alert.labels, sort_keys=True),
+                json.dumps(alert.annotations, sort_keys=True),
+                _iso(alert.ends_at_or_none),
+                alert.generator_url,
+                group_key,
+                receiver,
+                at,
+            )
+            for alert in payload.alerts
+        ]
+        keys = [row[:2] for row in keyed]
+        # An alert twice in one notification would be one row changed twice by one statement
+        # (Postgres refuses that): such a notification is stored an alert at a time.
+        chunk = _UPSERT_CHUNK if len(set(keys)) == len(keys) else 1
+        stored: list[tuple[int, int, AlertStatus]] = []
+        for start in range(0, len(keyed), chunk):
+            rows = keyed[start : start + chunk]
+            params = {
+                f"{name}_{i}": value
+                for i, row in enumerate(rows)
+                for name, value in zip(_ALERT_COLUMNS, row, strict=True)
+            }
+            found = {
+                (fingerprint, starts_at): (int(alert_id), int(notifications), AlertStatus(status))
+                for fingerprint, starts_at, alert_id, notifications, status in _upsert_alerts_sql(
+                    len(rows)
+                ).rows(conn, params)
+            }
+            stored += (found[key] for key in keys[start : start + chunk])
+        return stored
 
     @staticmethod
-    def _cancel_pending(conn: Connection, fingerprint: str) -> int:
-        rows = _PENDING_OF_ALERT.rows(conn, {"fingerprint": fingerprint})
+    def _cancel_pending(batch: _Unit, fingerprint: str) -> int:
+        batch.flush()  # the actions just planned are pending too
+        rows = _PENDING_OF_ALERT.rows(batch.conn, {"fingerprint": fingerprint})
+        if rows:
+            batch.subjects.clear()  # the cancelled actions no longer count towards the guards
         for (action_id,) in rows:
             set_state(
-                conn,
+                batch.conn,
                 action_id,
                 ActionState.CANCELLED,
                 "the alert resolved before the action ran",
@@ -328,7 +430,8 @@ class Engine:
         """Plan the steps of firing alerts whose ``after_seconds`` has now passed."""
 
         def unit(conn: Connection) -> Planned:
-            at = time.time() if now is None else now
+            batch = _Unit(conn, time.time() if now is None else now)
+            at = batch.at
             planned = Planned()
             # Only alerts with a step coming due are looked at, not every firing alert.
             for alert_id, name, labels, starts_at, ends_at, status in _DUE.rows(conn, {"at": at}):
@@ -338,14 +441,14 @@ class Engine:
                 ):
                     continue  # Alertmanager would have resolved it by now
                 self._plan(
-                    conn,
+                    batch,
                     alert_id,
                     name,
                     json.loads(labels),
                     datetime.fromisoformat(starts_at),
-                    at,
                     planned,
                 )
+            batch.flush()
             return planned
 
         return unit
@@ -353,16 +456,16 @@ class Engine:
     # --- planning and guards ---------------------------------------------------------------
     def _plan(
         self,
-        conn: Connection,
+        batch: _Unit,
         alert_id: int,
         alertname: str,
         labels: Mapping[str, str],
         starts_at: datetime,
-        at: float,
         planned: Planned,
         *,
         new: bool = False,
     ) -> None:
+        conn, at = batch.conn, batch.at
         if alertname == contract.REMEDIATION_FAILED_ALERT:
             return  # the service's own page: for humans, never acted on (the policy refuses it)
         rule = self.policy.plan(alertname, labels)
@@ -370,18 +473,18 @@ class Engine:
             return
         done: set[int] = set()
         if not new:
+            batch.flush()  # an alert twice in one notification: its first planning's actions
             done = {step for (step,) in _PLANNED_STEPS.rows(conn, {"alert_id": alert_id})}
-        opens = new and rule.opens_incidents
-        found = incidents.probe(conn, alertname, labels, incident=opens)
-        if found.removal is not None:
+        removal = batch.known.removal(conn, labels)
+        if removal is not None:
             self._skip_removed(
-                conn, alert_id, alertname, rule.actions, done, labels, found.removal, at, planned
+                batch, alert_id, alertname, rule.actions, done, labels, removal, planned
             )
             return
         incident = None
-        if opens:
-            incident = incidents.open_or_join(
-                conn, found, rule, alert_id, alertname, labels, starts_at, at
+        if new and rule.opens_incidents:
+            incident = batch.known.open_or_join(
+                conn, rule, alert_id, alertname, labels, starts_at, at
             )
         planned_before = len(planned.actions)
         firing_for = at - starts_at.timestamp()
@@ -393,29 +496,29 @@ class Engine:
                 due = starts_at.timestamp() + step.after_seconds
                 next_due = due if next_due is None else min(next_due, due)
                 continue
-            action_id, state = self._decide(conn, alert_id, index, step, labels, at, firing_for)
+            action_id, state = self._decide(batch, alert_id, index, step, labels, firing_for)
             planned.actions.append(action_id)
             planned.decided.append(Decided(step.action, state, failure_of(alertname)))
             if state is ActionState.QUEUED:
                 planned.queued.append(action_id)
         if next_due is not None:
-            _DEFER.run(conn, {"alert_id": alert_id, "due_at": next_due})
+            batch.deferrals.append({"alert_id": alert_id, "due_at": next_due})
         if rule.opens_incidents and len(planned.actions) > planned_before:
             if incident is not None:
-                incidents.link_new(conn, alert_id, *incident)
+                batch.known.link_new(planned.actions[planned_before:], *incident)
             else:
+                batch.flush()  # what it reads: the alert's joins and its actions' links
                 incidents.link(conn, alert_id)  # a step come due later: find its incident
 
     def _skip_removed(
         self,
-        conn: Connection,
+        batch: _Unit,
         alert_id: int,
         alertname: str,
         steps: tuple[Step, ...],
         done: set[int],
         labels: Mapping[str, str],
         removal: int,
-        at: float,
         planned: Planned,
     ) -> None:
         """Record why an alert about a rank removed from its job on purpose gets nothing: one
@@ -432,7 +535,7 @@ class Engine:
         )
         executor, params = self._route(step, labels)
         action_id = self._insert_action(
-            conn, alert_id, index, step, labels, executor, params, ActionState.SKIPPED, reason, at
+            batch, alert_id, index, step, labels, executor, params, ActionState.SKIPPED, reason
         )
         planned.actions.append(action_id)
         planned.decided.append(Decided(step.action, ActionState.SKIPPED, failure_of(alertname)))
@@ -459,9 +562,11 @@ class Engine:
                 return None
             incidents.set_verdicts(conn, verdicts)
             planned = Planned()
+            batch = _Unit(conn, at)
             action_id, state = self._decide(
-                conn, alert.id, index, step, alert.labels, at, at - alert.starts_at
+                batch, alert.id, index, step, alert.labels, at - alert.starts_at
             )
+            batch.flush()
             incidents.link_action(conn, action_id, incident_id, rung + 1)
             planned.actions.append(action_id)
             planned.decided.append(Decided(step.action, state, failure_of(alert.name)))
@@ -473,12 +578,11 @@ class Engine:
 
     def _decide(
         self,
-        conn: Connection,
+        batch: _Unit,
         alert_id: int,
         index: int,
         step: Step,
         labels: Mapping[str, str],
-        at: float,
         firing_for: float,
     ) -> tuple[int, ActionState]:
         spec = CATALOG[step.action]
@@ -492,7 +596,7 @@ class Engine:
             scheduler = labels.get(contract.LABEL_SCHEDULER, "")
             state, reason = ActionState.SKIPPED, f"unknown scheduler {scheduler!r}"
         else:
-            state, reason = self._guard(conn, subject, step, at)
+            state, reason = self._guard(batch, subject, step)
         if state is ActionState.QUEUED:
             if self.guards.dry_run:
                 state = ActionState.DRY_RUN
@@ -503,13 +607,18 @@ class Engine:
                 state, reason = ActionState.AWAITING_APPROVAL, "destructive: waits for approval"
         reason = f"{reason}; alert firing for {firing_for:.0f}s"
         action_id = self._insert_action(
-            conn, alert_id, index, step, labels, executor, params, state, reason, at
+            batch, alert_id, index, step, labels, executor, params, state, reason
         )
+        known = batch.subjects.get(subject)
+        if known is not None and state in COUNTED_STATES and batch.at > known.reset:
+            known.used += 1
+            last = known.last.get(step.action.value)
+            known.last[step.action.value] = batch.at if last is None else max(last, batch.at)
         return action_id, state
 
     @staticmethod
     def _insert_action(
-        conn: Connection,
+        batch: _Unit,
         alert_id: int,
         index: int,
         step: Step,
@@ -518,11 +627,12 @@ class Engine:
         params: Mapping[str, Any],
         state: ActionState,
         reason: str,
-        at: float,
     ) -> int:
-        inserted = _INSERT_ACTION.first(
-            conn,
+        at = batch.at
+        action_id = batch.action_id()
+        batch.actions.append(
             {
+                "id": action_id,
                 "alert_id": alert_id,
                 "step": index,
                 "subject": incidents.subject_of(labels),
@@ -534,11 +644,11 @@ class Engine:
                 "reason": reason,
                 "created_at": at,
                 "updated_at": at,
-            },
+            }
         )
-        assert inserted is not None  # INSERT ... RETURNING id
-        action_id = int(inserted[0])
-        record_transition(conn, action_id, state.value, reason)
+        batch.transitions.append(
+            {"action_id": action_id, "state": state.value, "at": at, "note": reason}
+        )
         return action_id
 
     def _route(self, step: Step, labels: Mapping[str, str]) -> tuple[str | None, dict[str, Any]]:
@@ -554,15 +664,22 @@ class Engine:
         scheduler = labels.get(contract.LABEL_SCHEDULER) or self.guards.default_scheduler
         return (scheduler if scheduler in contract.SCHEDULERS else None), params
 
-    def _guard(
-        self, conn: Connection, subject: str, step: Step, at: float
-    ) -> tuple[ActionState, str]:
-        # One statement for all three guards: the webhook's cost is mostly statements.
-        row = _GUARD_SQL[conn.dialect.name].first(
-            conn, {"subject": subject, "action": step.action.value, "since": at - HOUR}
-        )
-        assert row is not None  # a SELECT of three scalar subqueries has one row
-        breaker, last, used = row
+    def _guard(self, batch: _Unit, subject: str, step: Step) -> tuple[ActionState, str]:
+        at, action = batch.at, step.action.value
+        known = batch.subjects.get(subject)
+        if known is None or action not in known.last:
+            # One statement for all three guards, once per subject and action in a unit: the
+            # webhook's cost is mostly statements.
+            batch.flush()  # what it counts: the unit's actions so far
+            row = _GUARD_SQL[batch.conn.dialect.name].first(
+                batch.conn, {"subject": subject, "action": action, "since": at - HOUR}
+            )
+            assert row is not None  # a SELECT of scalar subqueries has one row
+            breaker, last, used, reset = row
+            if known is None:
+                known = batch.subjects[subject] = _Subject(breaker, used, reset or 0.0, {})
+            known.last[action] = last
+        breaker, last, used = known.breaker, known.last[action], known.used
         if breaker is not None:
             return ActionState.SUPPRESSED, f"circuit breaker open for {subject}: {breaker}"
         cooldown = (
@@ -573,7 +690,8 @@ class Engine:
             return ActionState.SUPPRESSED, f"cooldown: {step.action.value} for {subject} {ago}"
         if used >= self.guards.budget_per_hour:
             why = f"budget of {self.guards.budget_per_hour} actions per hour exhausted"
-            _TRIP_BREAKER.run(conn, {"subject": subject, "at": at, "reason": why})
+            _TRIP_BREAKER.run(batch.conn, {"subject": subject, "at": at, "reason": why})
+            known.breaker = why
             return ActionState.SUPPRESSED, f"{why}; circuit breaker tripped for {subject}"
         return ActionState.QUEUED, "policy"
 

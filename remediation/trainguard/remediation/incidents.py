@@ -50,14 +50,15 @@ HELD_STATES = (ActionState.SUPPRESSED, ActionState.SKIPPED, ActionState.REJECTED
 REMOVING = (Action.EXCLUDE_NODE, Action.DRAIN_NODE)
 _CLOSED = IncidentState.CLOSED.value
 
-# One statement for both questions the webhook asks of a new alert: was its node removed from
-# its job on purpose, and has its subject an open incident of its failure?
-_PROBE = Statement(f"""
-    SELECT i.id, i.rung, i.ladder_length,
-           (SELECT MIN(r.action_id) FROM removals r WHERE r.job_id = :job_id AND r.node = :node)
-    FROM (SELECT 1 AS one) probe
-    LEFT JOIN incidents i ON i.subject = :subject AND i.failure_key = :failure_key
-        AND i.state != '{_CLOSED}'
+# The two questions the webhook asks of a new alert, each asked once per notification (see
+# :class:`Known`): which nodes were removed from its job on purpose, and has its subject an open
+# incident of its failure?
+_REMOVED = Statement(
+    "SELECT node, MIN(action_id) FROM removals WHERE job_id = :job_id GROUP BY node"
+)
+_OPEN = Statement(f"""
+    SELECT id, rung, ladder_length FROM incidents
+    WHERE subject = :subject AND failure_key = :failure_key AND state != '{_CLOSED}'
     """)
 _INSERT_INCIDENT = Statement("""
     INSERT INTO incidents (subject, job_id, failure, failure_key, alert_id, ladder_alert_id,
@@ -75,13 +76,6 @@ _SET_LADDER = Statement(
     "UPDATE incidents SET ladder_alert_id = :alert_id, ladder_length = :ladder_length "
     "WHERE id = :id"
 )
-# The alert's actions not linked yet go to its incident's current rung: the plan's steps of the
-# alert that opened it are planned while the incident is on rung 0 (a rung is not done while
-# steps of it are still to come), a joining alert's steps on whatever rung it is on.
-_LINK_NEW = Statement("""
-    INSERT INTO incident_actions (action_id, incident_id, rung)
-    SELECT id, :incident_id, :rung FROM actions WHERE alert_id = :alert_id
-    """)
 _LINK = Statement(f"""
     INSERT INTO incident_actions (action_id, incident_id, rung)
     SELECT a.id, i.id, i.rung FROM actions a
@@ -156,15 +150,13 @@ def subject_of(labels: Mapping[str, str]) -> str:
 
 
 # --- the webhook -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Probe:
-    """What the webhook found about an alert: the action that removed its rank's node from its
-    job on purpose, if one did; its subject's open incident of its failure, if any."""
+@dataclass
+class Open:
+    """An open incident as the webhook sees it."""
 
-    removal: int | None = None
-    incident: int | None = None
-    rung: int = 0
-    ladder_length: int = 0
+    id: int
+    rung: int
+    ladder_length: int
 
 
 def _failure_key(alertname: str) -> str:
@@ -172,82 +164,107 @@ def _failure_key(alertname: str) -> str:
     return failure.value if failure is not None else f"alert:{alertname}"
 
 
-def probe(conn: Connection, alertname: str, labels: Mapping[str, str], *, incident: bool) -> Probe:
-    """Ask about removal (rank-scoped alerts: job, node and rank) and, when ``incident``, about
-    the subject's open incident; no statement when neither applies."""
-    job_id = labels.get(contract.LABEL_JOB_ID)
-    node = labels.get(contract.LABEL_NODE)
-    rank_scoped = bool(job_id and node and labels.get(contract.LABEL_RANK))
-    subject = subject_of(labels) if incident else ""
-    if not (rank_scoped or subject):
-        return Probe()
-    row = _PROBE.first(
-        conn,
-        {
-            "job_id": job_id if rank_scoped else None,
-            "node": node if rank_scoped else None,
-            "subject": subject,
-            "failure_key": _failure_key(alertname),
-        },
-    )
-    assert row is not None  # one row, whatever matches
-    incident_id, rung, ladder_length, removal = row
-    if incident_id is None:
-        return Probe(None if removal is None else int(removal))
-    return Probe(
-        None if removal is None else int(removal), int(incident_id), int(rung), int(ladder_length)
-    )
+class Known:
+    """What one webhook (or sweep) unit has learned of incidents and removals, and the links it
+    owes.
 
+    An Alertmanager notification groups alerts of one job: the first of its alerts asks the
+    store, the others find the answer here (statements are most of the webhook's cost). The
+    unit keeps the answers true itself: it runs on the store's only writer (on Postgres, under
+    the writers' lock), and only its own incidents change meanwhile; removals are recorded by
+    the worker's units, never by this one. Rows linking alerts and actions to incidents are
+    written in bulk by :meth:`flush`, which the engine calls before anything reads them.
+    """
 
-def open_or_join(
-    conn: Connection,
-    found: Probe,
-    rule: Rule,
-    alert_id: int,
-    alertname: str,
-    labels: Mapping[str, str],
-    starts_at: datetime,
-    at: float,
-) -> tuple[int, int] | None:
-    """Open an incident for a new alert, or join the open one ``found``; (its id, its rung), or
-    None when the alert names no subject. The incident climbs the longest of its alerts'
-    ladders."""
-    subject = subject_of(labels)
-    if not subject:
-        return None
-    if found.incident is not None:
-        _JOIN.run(conn, {"alert_id": alert_id, "incident_id": found.incident})
-        if len(rule.escalate) > found.ladder_length:
-            _SET_LADDER.run(
-                conn,
-                {"alert_id": alert_id, "ladder_length": len(rule.escalate), "id": found.incident},
-            )
-        return found.incident, found.rung
-    failure = failure_of(alertname)
-    row = _INSERT_INCIDENT.first(
-        conn,
-        {
-            "subject": subject,
-            "job_id": labels.get(contract.LABEL_JOB_ID) or None,
-            "failure": None if failure is None else failure.value,
-            "failure_key": _failure_key(alertname),
-            "alert_id": alert_id,
-            "ladder_length": len(rule.escalate),
-            "state": IncidentState.ACTING.value,
-            "rung_action": rule.rung_action(0).value,
-            "at": at,
-            "detected_at": starts_at.timestamp(),
-            "note": f"opened by {alertname}",
-        },
-    )
-    assert row is not None  # INSERT ... RETURNING id
-    _JOIN.run(conn, {"alert_id": alert_id, "incident_id": row[0]})
-    return int(row[0]), 0
+    def __init__(self) -> None:
+        self._removed: dict[str, dict[str, int]] = {}
+        self._open: dict[tuple[str, str], Open | None] = {}
+        self._joins: list[dict[str, Any]] = []
+        self._links: list[dict[str, Any]] = []
 
+    def removal(self, conn: Connection, labels: Mapping[str, str]) -> int | None:
+        """The action that removed a rank-scoped alert's node from its job on purpose, if one
+        did; None for alerts not about a rank."""
+        job_id = labels.get(contract.LABEL_JOB_ID)
+        node = labels.get(contract.LABEL_NODE)
+        if not (job_id and node and labels.get(contract.LABEL_RANK)):
+            return None
+        removed = self._removed.get(job_id)
+        if removed is None:
+            rows = _REMOVED.rows(conn, {"job_id": job_id})
+            removed = self._removed[job_id] = {name: int(first) for name, first in rows}
+        return removed.get(node)
 
-def link_new(conn: Connection, alert_id: int, incident_id: int, rung: int) -> None:
-    """Link a new alert's actions (all planned just now) to the incident it opened or joined."""
-    _LINK_NEW.run(conn, {"alert_id": alert_id, "incident_id": incident_id, "rung": rung})
+    def open_or_join(
+        self,
+        conn: Connection,
+        rule: Rule,
+        alert_id: int,
+        alertname: str,
+        labels: Mapping[str, str],
+        starts_at: datetime,
+        at: float,
+    ) -> tuple[int, int] | None:
+        """Open an incident for a new alert, or join its subject's open one of the same
+        failure; (its id, its rung), or None when the alert names no subject. The incident
+        climbs the longest of its alerts' ladders."""
+        subject = subject_of(labels)
+        if not subject:
+            return None
+        key = (subject, _failure_key(alertname))
+        if key in self._open:
+            found = self._open[key]
+        else:
+            row = _OPEN.first(conn, {"subject": subject, "failure_key": key[1]})
+            found = None if row is None else Open(int(row[0]), int(row[1]), int(row[2]))
+            self._open[key] = found
+        if found is not None:
+            self._joins.append({"alert_id": alert_id, "incident_id": found.id})
+            if len(rule.escalate) > found.ladder_length:
+                found.ladder_length = len(rule.escalate)
+                _SET_LADDER.run(
+                    conn,
+                    {"alert_id": alert_id, "ladder_length": found.ladder_length, "id": found.id},
+                )
+            return found.id, found.rung
+        failure = failure_of(alertname)
+        row = _INSERT_INCIDENT.first(
+            conn,
+            {
+                "subject": subject,
+                "job_id": labels.get(contract.LABEL_JOB_ID) or None,
+                "failure": None if failure is None else failure.value,
+                "failure_key": key[1],
+                "alert_id": alert_id,
+                "ladder_length": len(rule.escalate),
+                "state": IncidentState.ACTING.value,
+                "rung_action": rule.rung_action(0).value,
+                "at": at,
+                "detected_at": starts_at.timestamp(),
+                "note": f"opened by {alertname}",
+            },
+        )
+        assert row is not None  # INSERT ... RETURNING id
+        opened = self._open[key] = Open(int(row[0]), 0, len(rule.escalate))
+        self._joins.append({"alert_id": alert_id, "incident_id": opened.id})
+        return opened.id, 0
+
+    def link_new(self, action_ids: list[int], incident_id: int, rung: int) -> None:
+        """Link a new alert's actions (all planned just now) to the incident it opened or joined:
+        the plan's steps of the alert that opened it are planned while the incident is on rung
+        0 (a rung is not done while steps of it are still to come), a joining alert's steps on
+        whatever rung it is on."""
+        self._links += (
+            {"action_id": action_id, "incident_id": incident_id, "rung": rung}
+            for action_id in action_ids
+        )
+
+    def flush(self, conn: Connection) -> None:
+        """Write the joins and links owed."""
+        _JOIN.many(conn, self._joins)
+        _LINK_ACTION.many(conn, self._links)
+        self._joins.clear()
+        self._links.clear()
 
 
 def link(conn: Connection, alert_id: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -9,9 +10,12 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from trainguard import contract
+from trainguard.contract import Action
 from trainguard.prometheus_families import gauge_family
 from trainguard.remediation import incidents, queries
+from trainguard.remediation.actions import failure_of
 from trainguard.remediation.models import ActionState
+from trainguard.remediation.policy import Policy
 from trainguard.remediation.store import Store, StoreError
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -113,6 +117,28 @@ class Metrics:
         )
         self.registry.register(StoreCollector(store, dry_run))
 
+    def prime(self, policy: Policy) -> None:
+        """Every incident series the policy can produce, at 0 from the start: ``increase()``
+        over a counter that appears at 1 misses that first incident, and a dashboard panel of
+        escalations would have no series until the first one."""
+        for rule in policy.rules:
+            failure = failure_of(rule.alert)
+            repairs = [s.action for s in rule.actions if s.action is not Action.RECOMMEND]
+            escalations = [s.action for s in rule.escalate]
+            if failure is None or not (repairs or escalations):
+                continue  # opens no incident
+            for outcome in contract.IncidentOutcome:
+                self.incidents.labels(failure.value, outcome.value)
+            for job_outcome in contract.JobOutcome:
+                self.incident_jobs.labels(failure.value, job_outcome.value)
+            self.time_to_detect.labels(failure.value)
+            for action in (*repairs, *escalations):
+                self.time_to_act.labels(failure.value, action.value)
+                self.time_to_recover.labels(failure.value, action.value)
+            for action in escalations:
+                self.escalations.labels(failure.value, action.value)
+
     def record_decisions(self, decisions: list[tuple[str, ActionState]]) -> None:
-        for action, state in decisions:
-            self.decisions.labels(action, state.value).inc()
+        # One increment per kind of decision: a notification's alerts mostly decide alike.
+        for (action, state), count in collections.Counter(decisions).items():
+            self.decisions.labels(action, state.value).inc(count)

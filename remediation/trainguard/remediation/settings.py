@@ -156,6 +156,12 @@ class Settings(BaseSettings):
     verify_drain_seconds: float = Field(
         default=600.0, gt=0, description="Verification deadline after drain_node."
     )
+    verify_progress_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long a job must keep stepping after a repair to count as recovered "
+        "(above its step time and a few scrape intervals).",
+    )
     verify_page_seconds: float = Field(
         default=300.0,
         gt=0,

@@ -8,7 +8,9 @@ own, looks at every open incident (:mod:`trainguard.remediation.incidents`) ever
   and its ranks up when the failure was detected (the alert's startsAt), and the first evidence
   (``ALERTS_FOR_STATE``, the alert's pending start);
 - recovered as soon as every alert of the incident is resolved (Alertmanager said so, or
-  Prometheus no longer has it firing) and, for a job, the job's step has passed its baseline;
+  Prometheus no longer has it firing) and, for a job, the job's step has passed its baseline
+  and the step it had reached when the latest repair was carried out, and the job has kept
+  stepping for ``verify_progress_seconds`` since that repair;
   without Prometheus, by the alerts resolving alone (the note says so);
 - while a rung's actions are not done (pending, running, plan steps still to come) it waits;
   once they are, the rung has its verification deadline (the rule's or step's
@@ -118,13 +120,15 @@ def selector(name: str, **labels: str) -> str:
 
 @dataclass(frozen=True)
 class Deadlines:
-    """Default verification deadlines by the kind of action a rung repairs with."""
+    """Default verification deadlines by the kind of action a rung repairs with, and how long
+    a job must keep training after a repair before it counts as recovered."""
 
     directive: float = 180.0
     restart: float = 300.0
     exclude: float = 300.0
     drain: float = 600.0
     other: float = 300.0
+    progress: float = 60.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Deadlines:
@@ -134,6 +138,7 @@ class Deadlines:
             exclude=settings.verify_exclude_seconds,
             drain=settings.verify_drain_seconds,
             other=settings.verify_page_seconds,
+            progress=settings.verify_progress_seconds,
         )
 
     def of(self, action: Action) -> float:
@@ -464,6 +469,16 @@ class Verifier:
         ]
         return min(done, key=lambda found: found[0]) if done else None
 
+    @staticmethod
+    def _last_repair(incident: OpenIncident) -> float | None:
+        """When the latest repair was carried out (not advice, not a page)."""
+        done = [
+            a.updated_at
+            for a in incident.actions
+            if a.state is ActionState.SUCCEEDED and a.action not in (Action.RECOMMEND, Action.PAGE)
+        ]
+        return max(done, default=None)
+
     def _read_baseline(
         self, incident: OpenIncident, baseline: _Baseline, now: float
     ) -> dict[str, Any]:
@@ -507,17 +522,32 @@ class Verifier:
                 "its alerts resolved; the job reported no trainguard_step at detection, so its "
                 "progress was not checked"
             )
+        target = baseline.step
+        repaired = self._last_repair(incident)
+        if repaired is not None:
+            # A job that kept stepping through the incident (a straggler) passed the step of
+            # its detection long before the repair took: the repair must be followed by
+            # progress past the step reached when it was carried out (a restart resumes from
+            # an earlier checkpoint and has to catch up first).
+            target = max(target, self._job_step(incident.job_id, repaired) or target)
         step = self._job_step(incident.job_id, now)
-        if step is None or step <= baseline.step:
+        if step is None or step <= target:
             at = "no step reported" if step is None else f"at step {step}"
             return False, (
-                f"its alerts resolved but job {incident.job_id} has not passed step "
-                f"{baseline.step} ({at})"
+                f"its alerts resolved but job {incident.job_id} has not passed step {target} ({at})"
             )
-        return True, (
-            f"its alerts resolved and job {incident.job_id} passed step {baseline.step} "
-            f"(now {step})"
-        )
+        passed = f"its alerts resolved and job {incident.job_id} passed step {target} (now {step})"
+        if repaired is not None:
+            # An executor returns before the repair has taken: ranks stopped by an exclusion
+            # or a restart finish a step or two first, past the step read when it returned.
+            # Recovered is training that goes on for a while after the repair.
+            window = self._deadlines.progress
+            if now < repaired + window:
+                return False, f"{passed}; watching it keep training until {_iso(repaired + window)}"
+            earlier = self._job_step(incident.job_id, now - window)
+            if earlier is None or step <= earlier:
+                return False, f"{passed}, but made no progress in the last {window:g}s"
+        return True, passed
 
     @staticmethod
     def _alerts_expr(alert: incidents.AlertFacts) -> str:
