@@ -23,6 +23,7 @@ from tests.remediation.conftest import (
 from tests.remediation.fakes import with_policy
 from trainguard import contract
 from trainguard.contract import Action
+from trainguard.remediation import incidents
 from trainguard.remediation.policy import PolicyError, load_policy, parse_policy
 from trainguard.remediation.settings import Settings
 
@@ -260,3 +261,23 @@ def test_default_policy_ladders() -> None:
 def test_invalid_ladders_are_refused_naming_the_field(text: str, message: str) -> None:
     with pytest.raises(PolicyError, match=message):
         parse_policy("version: 1\n" + text)
+
+
+@both_backends
+def test_the_verifier_reads_one_firing_alert_per_name_however_many_joined(
+    settings: Settings,
+) -> None:
+    storm = [
+        alert("TrainingStraggler", fingerprint=f"s{i}", job_id="j1", node=f"n{i}", rank=str(i))
+        for i in range(60)
+    ]
+    with serve(settings) as client:
+        _send(client, *storm[:30])
+        _send(client, *storm[30:], alert("TrainingStraggler", fingerprint="s0", job_id="j1"))
+        (incident,) = _incidents(client)
+        store = client.app.state.runtime.store  # type: ignore[attr-defined]
+        (open_incident,) = store.read(incidents.open_incidents)
+    assert open_incident.id == incident["id"]
+    # The first alert (also the ladder's), and one firing alert of the name: not 60.
+    assert [a.name for a in open_incident.alerts] == ["TrainingStraggler"]
+    assert open_incident.ladder.labels["node"] == "n0"

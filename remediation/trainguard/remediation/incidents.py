@@ -117,9 +117,17 @@ _TRIED = text("""
     WHERE ia.incident_id = :id ORDER BY a.id
     """)
 _OPEN_IDS = text(f"SELECT id FROM incidents WHERE state != '{_CLOSED}' ORDER BY id")
-_ALERTS_OF = text("""
-    SELECT a.id, a.name, a.labels, a.status, a.starts_at FROM incident_alerts ia
-    JOIN alerts a ON a.id = ia.alert_id WHERE ia.incident_id = :id ORDER BY a.id
+# The alerts the verifier needs of an incident, however many joined it (an alert storm joins
+# thousands): the first, the one whose rule sets the ladder, and one firing alert per name
+# (the alerts of an incident share its subject, so a name is all Prometheus is asked about).
+_ALERTS_OF = text(f"""
+    SELECT a.id, a.name, a.labels, a.status, a.starts_at FROM alerts a WHERE a.id IN (
+        SELECT MIN(ia.alert_id) FROM incident_alerts ia WHERE ia.incident_id = :id
+        UNION SELECT :ladder_alert_id
+        UNION SELECT MIN(f.id) FROM incident_alerts ia JOIN alerts f ON f.id = ia.alert_id
+              WHERE ia.incident_id = :id AND f.status = '{AlertStatus.FIRING.value}'
+              GROUP BY f.name)
+    ORDER BY a.id
     """)
 _ACTIONS_OF = text("""
     SELECT a.id, ia.rung, a.action, a.state, a.reason, a.created_at, a.updated_at
@@ -327,7 +335,7 @@ class OpenIncident:
     rung_action: str
     rung_started_at: float
     ladder: AlertFacts
-    alerts: tuple[AlertFacts, ...]
+    alerts: tuple[AlertFacts, ...]  # the first, the ladder's, one firing alert per name
     actions: tuple[ActionFacts, ...]
     deferred: bool
     first_evidence_at: float | None
@@ -371,9 +379,8 @@ def _open_incident(conn: Connection, incident_id: int) -> OpenIncident | None:
     row = conn.execute(_INCIDENT_BY_ID, {"id": incident_id}).mappings().first()
     if row is None:
         return None
-    alerts = tuple(
-        _alert_facts(a) for a in conn.execute(_ALERTS_OF, {"id": incident_id}).mappings()
-    )
+    found = conn.execute(_ALERTS_OF, {"id": incident_id, "ladder_alert_id": row["ladder_alert_id"]})
+    alerts = tuple(_alert_facts(a) for a in found.mappings())
     ladder = next(a for a in alerts if a.id == row["ladder_alert_id"])
     actions = tuple(
         ActionFacts(
