@@ -6,7 +6,7 @@ recent steps took. Only when that runs suspiciously long does it ask the
 Flight Recorder which collectives are pending and how old the oldest is; the gauges
 ``collective_inflight`` and ``collective_oldest_inflight_seconds`` report that (0 otherwise).
 When the oldest passes the stall threshold — ``max(floor, factor x slowest recent step)``, so
-it adapts to the job — it logs one ``collective_stalled`` event per stalled collective, dumps
+it adapts to the job — it logs one ``collective_stalled`` event per stalled step, dumps
 this rank's Flight Recorder trace and every thread's stack, and raises a flag in the job's
 c10d store so that every other rank, including the one that never joined, dumps too. The
 folder then holds one dump per rank, which torch's analyzer turns into "rank N never joined
@@ -85,6 +85,7 @@ class CollectiveWatchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._reported: set[str] = set()  # stall ids this rank has already handled
+        self._stalled_step: int | None = None  # the step of this rank's last reported stall
         self._timed_out: set[int] = set()
         self.dumps: list[Path] = []
 
@@ -155,8 +156,13 @@ class CollectiveWatchdog:
 
     def _on_stall(self, pending: flight_recorder.PendingCollectives) -> None:
         stall_id = f"seq{pending.oldest_seq}" if pending.oldest_seq is not None else "unknown"
-        if stall_id in self._reported:
+        # One report per stalled step: once the stalled collective completes, the dumps its
+        # report set off on every rank can hold the step's next collective past the floor (the
+        # slow step is not yet among the recent ones the threshold scales with); that wait is
+        # the same incident, not a second one.
+        if stall_id in self._reported or self._stalled_step == self._clock.step:
             return
+        self._stalled_step = self._clock.step
         self._metrics.collective_stalls.inc()
         folder = self._dump(stall_id)
         log_event(
