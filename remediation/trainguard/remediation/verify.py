@@ -155,6 +155,15 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat(timespec="seconds")
 
 
+def _repairs_done(incident: OpenIncident) -> list[tuple[float, Action]]:
+    """(when, what) of the incident's repairs carried out: not advice, not a page."""
+    return [
+        (a.updated_at, a.action)
+        for a in incident.actions
+        if a.state is ActionState.SUCCEEDED and a.action not in (Action.RECOMMEND, Action.PAGE)
+    ]
+
+
 def _label(incident: OpenIncident) -> str:
     return "" if incident.failure is None else incident.failure.value
 
@@ -461,23 +470,13 @@ class Verifier:
     # --- what the world says ---------------------------------------------------------------
     @staticmethod
     def _acted(incident: OpenIncident) -> tuple[float, Action] | None:
-        """When the first repair was carried out, and which (not advice, not a page)."""
-        done = [
-            (a.updated_at, a.action)
-            for a in incident.actions
-            if a.state is ActionState.SUCCEEDED and a.action not in (Action.RECOMMEND, Action.PAGE)
-        ]
-        return min(done, key=lambda found: found[0]) if done else None
+        """When the first repair was carried out, and which."""
+        return min(_repairs_done(incident), key=lambda found: found[0], default=None)
 
     @staticmethod
     def _last_repair(incident: OpenIncident) -> float | None:
-        """When the latest repair was carried out (not advice, not a page)."""
-        done = [
-            a.updated_at
-            for a in incident.actions
-            if a.state is ActionState.SUCCEEDED and a.action not in (Action.RECOMMEND, Action.PAGE)
-        ]
-        return max(done, default=None)
+        """When the latest repair was carried out."""
+        return max((at for at, _ in _repairs_done(incident)), default=None)
 
     def _read_baseline(
         self, incident: OpenIncident, baseline: _Baseline, now: float
