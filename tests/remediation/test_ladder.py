@@ -128,10 +128,13 @@ def test_a_job_that_kept_stepping_must_pass_the_step_of_its_repair(
     # Detected at step 100, the job kept stepping (a straggler slows it, a rank down may not
     # stop it at once) and was at 150 when restarted; the restart resumed from a checkpoint.
     live = with_policy(settings, tmp_path, _ladder(restart_seconds=60))
-    prometheus = FakePrometheus(step=150.0)
+    # The alert fires until the restart is done: resolved before it, the job already past its
+    # detection step would be recovered without any repair.
+    prometheus = FakePrometheus(step=150.0, firing={"TrainingRankDown"})
     with serve_verified(live, prometheus, recorder) as client:
         _send(client, RANK_DOWN)
         wait_for(lambda: _only_incident(client)["state"] == "verifying", timeout=20)
+        prometheus.firing.clear()
         prometheus.step = 145.0
         wait_for(lambda: "has not passed step 150 (at step 145)" in _only_incident(client)["note"])
         assert _only_incident(client)["state"] == "verifying"
@@ -148,10 +151,13 @@ def test_the_last_steps_before_a_repair_takes_are_no_recovery(
     # gone while the job re-forms. Recovered only once it trains on after the repair.
     live = with_policy(settings, tmp_path, _ladder(restart_seconds=60))
     live = live.model_copy(update={"verify_progress_seconds": 5.0})
-    prometheus = FakePrometheus(step=150.0)
+    # The alert fires until the restart is done: resolved before it, the job already past its
+    # detection step would be recovered without any repair.
+    prometheus = FakePrometheus(step=150.0, firing={"TrainingRankDown"})
     with serve_verified(live, prometheus, recorder) as client:
         _send(client, RANK_DOWN)
         wait_for(lambda: _only_incident(client)["state"] == "verifying", timeout=20)
+        prometheus.firing.clear()
         prometheus.step = 152.0
         wait_for(lambda: "watching it keep training" in _only_incident(client)["note"])
         prometheus.step = None
