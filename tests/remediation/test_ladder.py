@@ -20,6 +20,7 @@ from tests.remediation.conftest import (
     both_backends,
     executors_with,
     payload,
+    rows,
     serve,
     wait_for,
 )
@@ -438,3 +439,50 @@ def test_a_plan_step_due_later_holds_rung_zero_and_joins_it(
         (0, "exclude_node", "succeeded"),
     ]
     assert [a for _, a, _ in recorder.executed] == ["exclude_node"]
+
+
+@both_backends
+def test_a_removed_node_is_acted_on_again_once_it_is_back_in_its_job(
+    settings: Settings, tmp_path: Path
+) -> None:
+    live = with_policy(
+        settings,
+        tmp_path,
+        [
+            {"alert": "TrainingStraggler", "actions": [{"action": "exclude_node"}]},
+            {"alert": "TrainingRankDown", "actions": [{"action": "restart_from_checkpoint"}]},
+        ],
+    )
+    prometheus = FakePrometheus(ranks={"n1": 2, "n2": 2})
+    recorder = RecordingExecutor()
+
+    def removal_state() -> list[tuple[Any, ...]]:
+        return rows(live, "SELECT vacated_at IS NOT NULL, rejoined_at IS NOT NULL FROM removals "
+                    "LEFT JOIN removal_states USING (action_id)")  # fmt: skip
+
+    def rank_down(fingerprint: str) -> dict[str, Any]:
+        _send(
+            client,
+            alert("TrainingRankDown", fingerprint=fingerprint, job_id="j1", node="n1", rank="2"),
+        )
+        actions = client.get("/v1/actions", headers=AUTH).json()["actions"]
+        return next(a for a in actions if a["alert"]["fingerprint"] == fingerprint)
+
+    with serve_verified(live, prometheus, recorder) as client:
+        _send(client, alert("TrainingStraggler", fingerprint="s", job_id="j1", node="n1", rank="2"))
+        wait_for(lambda: removal_state() == [(0, 0)])
+        # The excluded ranks' last scrapes still find them up: the removal holds.
+        time.sleep(live.verify_interval_seconds * 3)
+        assert removal_state() == [(0, 0)]
+        assert rank_down("r1")["state"] == "skipped"
+        prometheus.ranks = {"n1": 0, "n2": 2}  # gone from the job
+        wait_for(lambda: removal_state() == [(1, 0)])
+        assert rank_down("r2")["state"] == "skipped"
+        prometheus.ranks = {"n1": 2, "n2": 2}  # the job scaled back up onto n1
+        wait_for(lambda: removal_state() == [(1, 1)])
+        assert rank_down("r3")["state"] != "skipped"
+        wait_for(lambda: len(recorder.executed) == 2)
+    assert [action for _, action, _ in recorder.executed] == [
+        contract.Action.EXCLUDE_NODE,
+        contract.Action.RESTART_FROM_CHECKPOINT,
+    ]

@@ -11,7 +11,10 @@ Alertmanager happens on the verifier's thread.
 
 Membership: when an ``exclude_node`` or ``drain_node`` action succeeds for job J on node N, the
 worker records the removal in the same transaction as the outcome. A later rank-scoped alert of
-J on N is stored but not acted on (one ``skipped`` action says why) and opens no incident.
+J on N is stored but not acted on (one ``skipped`` action says why) and opens no incident. The
+removal lasts until the node is back in the job: the verifier marks it vacated once no rank of J
+is up on N, and ends it when one is up there again (:func:`vacate`, :func:`rejoin`); the
+vacated step keeps the removed ranks' last scrapes from ending it at once.
 """
 
 from __future__ import annotations
@@ -53,9 +56,12 @@ _CLOSED = IncidentState.CLOSED.value
 # The two questions the webhook asks of a new alert, each asked once per notification (see
 # :class:`Known`): which nodes were removed from its job on purpose, and has its subject an open
 # incident of its failure?
-_REMOVED = Statement(
-    "SELECT node, MIN(action_id) FROM removals WHERE job_id = :job_id GROUP BY node"
-)
+_REMOVED = Statement("""
+    SELECT r.node, MIN(r.action_id) FROM removals r
+    LEFT JOIN removal_states s ON s.action_id = r.action_id
+    WHERE r.job_id = :job_id AND s.rejoined_at IS NULL
+    GROUP BY r.node
+    """)
 _OPEN = Statement(f"""
     SELECT id, rung, ladder_length FROM incidents
     WHERE subject = :subject AND failure_key = :failure_key AND state != '{_CLOSED}'
@@ -418,6 +424,52 @@ def _open_incident(conn: Connection, incident_id: int) -> OpenIncident | None:
         baseline_at=row["baseline_at"],
         note=row["note"],
     )
+
+
+@dataclass(frozen=True)
+class Removal:
+    """A node taken out of a job on purpose that has not rejoined it."""
+
+    action_id: int
+    job_id: str
+    node: str
+    at: float
+    vacated_at: float | None
+
+
+_ACTIVE_REMOVALS = text("""
+    SELECT r.action_id, r.job_id, r.node, r.at, s.vacated_at FROM removals r
+    LEFT JOIN removal_states s ON s.action_id = r.action_id
+    WHERE s.rejoined_at IS NULL
+    ORDER BY r.action_id
+    """)
+_VACATE = text(
+    "INSERT INTO removal_states (action_id, vacated_at) VALUES (:action_id, :at) "
+    "ON CONFLICT (action_id) DO NOTHING"
+)
+_REJOIN = text(
+    "UPDATE removal_states SET rejoined_at = :at "
+    "WHERE action_id = :action_id AND vacated_at IS NOT NULL AND rejoined_at IS NULL"
+)
+
+
+def active_removals(conn: Connection) -> list[Removal]:
+    """Every removal whose node has not rejoined its job, oldest first."""
+    return [
+        Removal(int(action_id), job_id, node, float(at), vacated_at)
+        for action_id, job_id, node, at, vacated_at in conn.execute(_ACTIVE_REMOVALS)
+    ]
+
+
+def vacate(conn: Connection, action_id: int, at: float) -> bool:
+    """Mark a removal's node as left by the job's ranks; False if it already was."""
+    return conn.execute(_VACATE, {"action_id": action_id, "at": at}).rowcount == 1
+
+
+def rejoin(conn: Connection, action_id: int, at: float) -> bool:
+    """End a vacated removal: the node serves the job again. False if it was not vacated or
+    already ended."""
+    return conn.execute(_REJOIN, {"action_id": action_id, "at": at}).rowcount == 1
 
 
 def removals_since(conn: Connection, job_id: str, since: float) -> list[tuple[int, str]]:

@@ -249,6 +249,23 @@ removals = Table(
     Column("at", Float, nullable=False),
     Index("removals_job_node", "job_id", "node"),
 )
+# How a removal ends: the verifier sees the node's ranks of the job gone (vacated), then a rank
+# of the job up on it again (rejoined, a scale-up or the node back from repair); from then on
+# alerts about its ranks are acted on again. A table of its own rather than columns of
+# ``removals`` so that a store made before it gains it without a migration.
+removal_states = Table(
+    "removal_states",
+    metadata,
+    Column(
+        "action_id",
+        Integer,
+        ForeignKey("removals.action_id"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    Column("vacated_at", Float),
+    Column("rejoined_at", Float),
+)
 
 _BATCH = 512
 # Readers are the request threads (FastAPI's pool of 40) and the worker.

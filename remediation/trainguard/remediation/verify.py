@@ -29,6 +29,7 @@ compare-and-set on the incident's rung and state, so no rung is climbed twice.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -221,6 +222,7 @@ class Verifier:
                 # Replicas on one Postgres: only the one that executes actions verifies them.
                 if self._store.hold_worker_lock():
                     self.verify_all()
+                    self.follow_removals()
             except Exception:
                 log.exception("remediation verifier turn failed")
             self._stop.wait(self._interval)
@@ -233,6 +235,37 @@ class Verifier:
             except Exception:
                 # One incident's trouble (a bad label, a store hiccup) must not stall the others.
                 log.exception("verifying incident %d failed", incident.id)
+
+    def follow_removals(self, now: float | None = None) -> None:
+        """End the removals whose node is back in its job (see :mod:`.incidents`): vacated
+        once no rank of the job is up on the node, rejoined when one is up there again.
+        Without Prometheus a removal lasts for the life of the job's records."""
+        if self._query is None:
+            return
+        at = time.time() if now is None else now
+        for removal in self._store.read(incidents.active_removals):
+            try:
+                up = self._ranks_up(removal.job_id, at, removal.node)
+            except Exception:
+                log.exception("reading the ranks of %s on %s failed", removal.job_id, removal.node)
+                continue
+            action_id = removal.action_id
+            if removal.vacated_at is None and up == 0:
+                self._store.write_sync(
+                    functools.partial(incidents.vacate, action_id=action_id, at=at)
+                )
+            elif removal.vacated_at is not None and up > 0:
+                self._store.write_sync(
+                    functools.partial(incidents.rejoin, action_id=action_id, at=at)
+                )
+                log.info(
+                    "node %s is back in job %s (%d rank(s) up): its alerts are acted on again "
+                    "(removed by action #%d)",
+                    removal.node,
+                    removal.job_id,
+                    up,
+                    removal.action_id,
+                )
 
     # --- one incident ----------------------------------------------------------------------
     def _verify(self, incident: OpenIncident, now: float) -> None:
