@@ -138,6 +138,37 @@ def spans_and_metrics(
     return result
 
 
+def sampled_timers(rank: int, world: int, out: Path, steps: int, every: int) -> dict[str, Any]:
+    """DDP timing every ``every``-th iteration: what the hook observes of it."""
+    model = make_ddp(delay=0.002)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    registry = CollectorRegistry()
+    handle = trainguard.instrument(
+        model,
+        optimizer,
+        job_id="job-sampled",
+        registry=registry,
+        metrics_port=-1,
+        runtime_stats_every=every,
+    )
+    train(model, optimizer, steps, rank)
+    publish_last_timers(model, rank)
+    handle.flush()
+    data = model._get_ddp_logging_data()
+    labels = labels_of(handle)
+    result = {
+        "bucket_bytes": sum(int(b) for b in data["rebuilt_bucket_sizes"].split(",")),
+        "compute_count": value(registry, "trainguard_step_compute_duration_seconds_count", labels),
+        "wait_count": value(registry, "trainguard_sync_wait_duration_seconds_count", labels),
+        "grad_sync_count": value(registry, "trainguard_grad_sync_duration_seconds_count", labels),
+        "grad_sync_bytes": value(registry, "trainguard_grad_sync_bytes_total", labels),
+        "steps": value(registry, "trainguard_steps_total", labels),
+        "timing_source": handle.timing_source.value,
+    }
+    handle.uninstrument()
+    return result
+
+
 STRAGGLER_SERIES = (
     "trainguard_step_duration_seconds_sum",
     "trainguard_step_duration_seconds_count",

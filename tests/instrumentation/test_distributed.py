@@ -104,6 +104,21 @@ def test_straggler_is_found_by_compute_time_not_step_time(tmp_path: Path, guarde
     scenarios.assert_slow_rank_singled_out(results, slow, injected)
 
 
+def test_sampled_reducer_timers_observe_every_sampled_step_and_count_every_sync(
+    tmp_path: Path,
+) -> None:
+    steps, every = 40, 4
+    # DDP times iterations 1-10 and every 4th after; step s is its iteration s + 1.
+    sampled = [s for s in range(steps) if s + 1 <= 10 or (s + 1) % every == 0]
+    for result in run_ranks(scenarios.sampled_timers, 2, tmp_path, steps=steps, every=every):
+        assert result["timing_source"] == contract.TimingSource.DDP_REDUCER.value
+        assert result["steps"] == steps
+        assert result["compute_count"] == result["wait_count"] == len(sampled), result
+        assert result["grad_sync_count"] == len(sampled), result
+        # The first step syncs before DDP rebuilds its buckets (same total size).
+        assert result["grad_sync_bytes"] == steps * result["bucket_bytes"], result
+
+
 def test_a_sleeping_rank_is_caught_as_a_stall_and_named_by_the_dumps(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -249,3 +249,82 @@ def test_an_unknown_scheduler_is_refused_with_the_choices(
     scheduler, env = given
     with pytest.raises(ValueError, match="is not one of local, kubernetes, slurm"):
         detect_placement(env, scheduler, namespace_file=NO_NAMESPACE_FILE)
+
+
+class _SampledDDP:
+    """DDP's runtime-stats sampling as its reducer and logger do it: iteration ``k`` (counted
+    over forwards that sync gradients) is timed when ``k <= 10`` or ``k % rate == 0``, and
+    published at the start of forward ``k + 1``."""
+
+    def __init__(self, rate: int, iterations: int = 0) -> None:
+        self.rate = rate
+        self.iterations = iterations
+        self.require_backward_grad_sync = True
+        self.published = 0
+
+    def forward(self) -> None:
+        if not self.require_backward_grad_sync:
+            return
+        k = self.iterations
+        if k > 0 and (k <= reducer.ALWAYS_SAMPLED_ITERATIONS or k % self.rate == 0):
+            self.published = k
+        self.iterations += 1
+
+    def record(self) -> Any:
+        return SimpleNamespace(ints_map={"iteration": self.published}, strs_map={})
+
+
+def _run(ddp: _SampledDDP, reads: reducer.TimerReads, forwards: int) -> list[int | None]:
+    """The iterations the training thread read, one per read."""
+    seen: list[int | None] = []
+    for _ in range(forwards):
+        publishes = reads.before_forward()
+        ddp.forward()
+        if publishes:
+            seen.append(reducer.published_iteration(reads.read()))
+    return seen
+
+
+def test_timer_reads_take_every_sampled_iteration_and_nothing_else() -> None:
+    ddp = _SampledDDP(rate=4)
+    reads = reducer.TimerReads(ddp, ddp.record, 4)
+    seen = _run(ddp, reads, 40)
+    assert seen == [0, *range(1, 11), 12, 16, 20, 24, 28, 32, 36]
+    assert reads.locked
+
+
+def test_timer_reads_find_ddp_s_count_when_instrumented_mid_training() -> None:
+    ddp = _SampledDDP(rate=8, iterations=1003)
+    ddp.published = 1000  # what the previous sample rate left
+    reads = reducer.TimerReads(ddp, ddp.record, 8)
+    seen = _run(ddp, reads, 40)
+    # Searching reads every forward until a publish (1008, at forward 1009) gives the count.
+    assert seen[:6] == [1000] * 5 + [1008]
+    assert seen[6:] == [1016, 1024, 1032, 1040]
+
+
+def test_timer_reads_skip_no_sync_forwards_and_recover_from_a_missed_count() -> None:
+    ddp = _SampledDDP(rate=4, iterations=20)
+    reads = reducer.TimerReads(ddp, ddp.record, 4)
+    _run(ddp, reads, 8)
+    assert reads.locked
+    ddp.require_backward_grad_sync = False  # gradient accumulation: not counted by DDP
+    assert _run(ddp, reads, 3) == []
+    ddp.require_backward_grad_sync = True
+    ddp.forward()  # a forward the hook never saw: its count is one behind DDP's now
+    seen = _run(ddp, reads, 24)
+    # Each read comes one forward late, before the next sampled iteration overwrites the
+    # record (a count behind by ``rate`` or more, or ahead, reads the wrong iteration and
+    # searches again): none is missed, and reads stay one in ``rate``.
+    assert seen == [28, 32, 36, 40, 44, 48]
+    assert _run(ddp, reads, 1) == [52]
+
+
+def test_timer_reads_ahead_of_ddp_search_again() -> None:
+    ddp = _SampledDDP(rate=4, iterations=20)
+    reads = reducer.TimerReads(ddp, ddp.record, 4)
+    _run(ddp, reads, 8)
+    reads.before_forward()  # counted, but DDP's forward fails before it counts
+    seen = _run(ddp, reads, 16)
+    assert seen[1:] == [32, 36, 40] and ddp.published == 40
+    assert reads.locked

@@ -4,10 +4,12 @@ What runs on the training thread is kept to clock reads and attribute stores: a 
 the model's ``forward`` and the optimizer's ``step`` record when each step's phases begin and
 end, the collective timeline (:mod:`.timeline`) records each collective the step issues, and
 one record per step goes to the worker thread, which does everything else (metrics, DDP's
-reducer timers, memory, spans). The same hook serves DDP, FSDP2, FSDP1 and plain modules
-(:mod:`.parallel` tells them apart). A watchdog thread watches for stalled collectives.
-Everything is undone by :meth:`Instrumentation.uninstrument`, and nothing inside may crash or
-stall training (see :mod:`.errors`).
+reducer timers, memory, spans). On DDP the training thread also copies DDP's record of its
+timers right after the forwards at which DDP publishes a sampled iteration's (one step in
+``runtime_stats_every``, see :class:`.reducer.TimerReads`). The same hook serves DDP, FSDP2,
+FSDP1 and plain modules (:mod:`.parallel` tells them apart). A watchdog thread watches for
+stalled collectives. Everything is undone by :meth:`Instrumentation.uninstrument`, and nothing
+inside may crash or stall training (see :mod:`.errors`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ from .memory import MemorySampler
 from .metrics import CollectiveProgressCollector, RankMetrics
 from .oom import batch_size, memory_summary, split_batch
 from .records import StepRecord
-from .reducer import RawLoggingData, logging_data_reader, reducer_stats_supported
+from .reducer import (
+    RawLoggingData,
+    TimerReads,
+    logging_data_reader,
+    reducer_stats_supported,
+)
 from .server import MetricsEndpoint, advertised_host, serve_metrics, write_file_sd
 from .timeline import INTERCEPTOR, Timeline
 from .watchdog import CollectiveWatchdog, StepClock
@@ -158,10 +165,10 @@ class Instrumentation:
         self._ooms_reported = 0
         self._worker: StepWorker | None = None
         self._timeline: Timeline | None = None
-        # DDP's logging data: read once per step after its first forward (None: not read).
-        self._read_reducer: Callable[[], RawLoggingData] | None = None
-        self._reducer_due = False
-        self._reducer_data: RawLoggingData = None  # read at this step's first forward
+        # When to read DDP's logging data: after the forwards that publish sampled timers
+        # (None: not read).
+        self._timer_reads: TimerReads | None = None
+        self._reducer_data: RawLoggingData = None  # read in this step, for its record
         self._on_directive = on_directive
         self._directives: DirectiveClient | None = None
         self._progress_collector: CollectiveProgressCollector | None = None
@@ -430,8 +437,9 @@ class Instrumentation:
                     "include waiting on peers"
                 )
         if self.ddp is not None and reducer_stats_supported(self.ddp):
-            self.ddp._set_ddp_runtime_logging_sample_rate(max(1, cfg.runtime_stats_every))
-            self._read_reducer = logging_data_reader(self.ddp)
+            every = max(1, cfg.runtime_stats_every)
+            self.ddp._set_ddp_runtime_logging_sample_rate(every)
+            self._timer_reads = TimerReads(self.ddp, logging_data_reader(self.ddp), every)
             self.timing_source = contract.TimingSource.DDP_REDUCER
         elif self.ddp is not None:
             self.timing_source = contract.TimingSource.WALL_CLOCK
@@ -465,7 +473,7 @@ class Instrumentation:
             metrics=self.metrics,
             errors=self.errors,
             memory=memory,
-            ddp_timers=self._read_reducer is not None,
+            ddp_timers=self._timer_reads is not None,
             tracer_provider=self._tracer_provider,
             ids=ids,
             backend=self.backend,
@@ -545,7 +553,7 @@ class Instrumentation:
     def _on_timers_lost(self) -> None:
         """DDP's timers were given up on (worker thread): stop reading them, say so in
         ``rank_info``."""
-        self._read_reducer = None
+        self._timer_reads = None
         self.timing_source = contract.TimingSource.WALL_CLOCK
         with self.errors.guard("rank_info"):
             self._publish_rank_info()
@@ -608,6 +616,9 @@ class Instrumentation:
             start = time.perf_counter_ns()
             if self._forward_start == 0 or self.optimizer is None:
                 self._begin_step(start)
+            reads = self._timer_reads
+            # Asked before DDP's forward, which counts its iteration as it starts.
+            publishes = reads is not None and reads.before_forward()
             try:
                 output = original(*args, **kwargs)
             except torch.OutOfMemoryError as error:
@@ -616,7 +627,7 @@ class Instrumentation:
             end = time.perf_counter_ns()
             self._forward_ns += end - start
             self._forward_end = end
-            if self._reducer_due:
+            if publishes:
                 self._read_timers()
             return output
 
@@ -642,23 +653,26 @@ class Instrumentation:
         optimizer.__dict__["step"] = step
 
     def _read_timers(self) -> None:
-        """DDP has just published the previous iteration's timers (at this forward's start):
-        take them for the worker. About 9 us, less than waking the worker to read them."""
-        self._reducer_due = False
-        read = self._read_reducer
-        if read is None:
+        """DDP has just published a sampled iteration's timers (at this forward's start, see
+        :class:`.reducer.TimerReads`): take them for the worker, in this step's record. A copy
+        of the C++ logger's record, cheaper than waking the worker to read them in time."""
+        reads = self._timer_reads
+        if reads is None:
             return
         try:
-            self._reducer_data = read()
+            data = reads.read()
         except Exception as error:
             self.errors.record("reducer_stats", error)
+            return
+        if self._reducer_data is not None:  # a second read in one step: keep both
+            self._hand_over_timers()
+        self._reducer_data = data
 
     def _begin_step(self, now: int) -> None:
         if self.optimizer is None and self._forward_end:
             # Without an optimizer to mark the end, a step ends where the next one begins.
             self._end_step(now, now)
         self._forward_start = now
-        self._reducer_due = self._read_reducer is not None
         if self._timeline is not None:
             INTERCEPTOR.current = self._timeline
         if not self._previous_end:

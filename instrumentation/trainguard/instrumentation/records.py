@@ -42,8 +42,8 @@ class StepRecord:
     # the previous step), and how many more did not fit (see .timeline).
     collectives: list[Collective] = field(default_factory=list)
     collectives_overflow: int = 0
-    # DDP's logging data as read right after this step's first forward: the timers of the
-    # previous iteration, which DDP publishes then (see .worker).
+    # DDP's logging data as read right after this step's forward that published a sampled
+    # iteration's timers (the previous step's, usually), or None (see .reducer.TimerReads).
     reducer_data: RawLoggingData = None
 
     @property

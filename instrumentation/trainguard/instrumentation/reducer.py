@@ -111,3 +111,78 @@ def reducer_stats_supported(ddp: Any) -> bool:
     return callable(getattr(ddp, "_set_ddp_runtime_logging_sample_rate", None)) and callable(
         getattr(ddp, "_get_ddp_logging_data", None)
     )
+
+
+# DDP times every iteration up to this one whatever its sample rate (``Reducer::
+# should_collect_runtime_stats``: ``num_iterations_ <= 10 || num_iterations_ % rate == 0``).
+ALWAYS_SAMPLED_ITERATIONS = 10
+
+
+def published_iteration(raw: RawLoggingData) -> int | None:
+    """The iteration whose timers a record holds (DDP's ``iteration`` key), or ``None``."""
+    ints = raw if isinstance(raw, Mapping) else raw.ints_map
+    value = ints.get("iteration")
+    return int(value) if value is not None else None
+
+
+class TimerReads:
+    """When the training thread reads DDP's timers: only right after a forward at which DDP
+    published a sampled iteration's timers, so that no published iteration is missed and no
+    read is wasted on an unsampled one.
+
+    DDP times iteration ``k`` (counted by its reducer over the forwards that sync gradients)
+    when ``k <= 10`` or ``k % every == 0``, and publishes those timers at the start of forward
+    ``k + 1``, where they stay until the next sampled iteration's are published. This class
+    counts those forwards itself (:meth:`after_forward`, called after each instrumented
+    forward with gradients enabled) and reads after the forward that publishes. DDP's count
+    before instrumentation is unknown, so it starts *searching*: it reads after every syncing
+    forward until the published iteration changes between two reads (a publish at that
+    forward), which gives DDP's count; from then on it reads only after the forwards that
+    publish, checking that the record holds the iteration expected. A record that does not
+    (a forward that bypassed the wrapper, an iteration that failed before DDP counted it)
+    sends it back to searching. Reading and checking cost a few microseconds; ``every`` reads
+    in ``every`` steps cost that once.
+    """
+
+    __slots__ = ("_ddp", "_every", "_last_seen", "_next", "_read")
+
+    def __init__(self, ddp: Any, read: Callable[[], RawLoggingData], every: int) -> None:
+        self._ddp = ddp
+        self._read = read
+        self._every = max(1, every)
+        self._next: int | None = None  # DDP's iteration count before the coming forward
+        self._last_seen: int | None = None  # what the last read held (searching)
+
+    @property
+    def locked(self) -> bool:
+        """Whether DDP's iteration count is known (reads only where DDP publishes)."""
+        return self._next is not None
+
+    def before_forward(self) -> bool:
+        """Whether the forward about to run publishes timers (or, searching, may): call it
+        before DDP's forward, which counts the iteration at its start even if it then fails.
+        """
+        if not self._ddp.require_backward_grad_sync:
+            return False  # no_sync: DDP neither counts nor publishes at this forward
+        previous = self._next
+        if previous is None:
+            return True
+        self._next = previous + 1
+        return previous <= ALWAYS_SAMPLED_ITERATIONS or previous % self._every == 0
+
+    def read(self) -> RawLoggingData:
+        """Read the record after a forward :meth:`before_forward` chose (the worker tells a
+        stale one from a fresh one by its iteration)."""
+        data = self._read()
+        seen = published_iteration(data)
+        expected = self._next
+        if expected is not None:
+            if seen != expected - 1:
+                self._next = None  # out of step with DDP's count: search again
+                self._last_seen = seen
+            return data
+        last, self._last_seen = self._last_seen, seen
+        if seen is not None and last is not None and seen != last:
+            # Published at this forward: DDP's count before the next forward is one past it.
+            self._next = seen + 1
+        return data

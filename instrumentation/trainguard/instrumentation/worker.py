@@ -10,13 +10,15 @@ gradient sync the timeline cannot see, memory, and the step's spans.
 Each wake takes the GIL from the training thread, so the worker wakes rarely: every
 :data:`WAKE_SECONDS`, backing off to :data:`IDLE_WAKE_SECONDS` while no step arrives.
 
-DDP publishes an iteration's reducer timers at the start of the NEXT forward and overwrites them
-at the forward after that. Reading them in that window from here would take a wake-up per step,
-which costs the training thread more than reading them itself (a copy of the C++ logger's record,
-see :func:`.reducer.logging_data_reader`): so the training thread reads them once per step, right
-after its first forward, and hands the record over in that step's record; here its maps are
+DDP publishes a sampled iteration's reducer timers at the start of the NEXT syncing forward and
+keeps them until the next sampled iteration's. Reading them in that window from here would take
+a wake-up per publish, which costs the training thread more than reading them itself (a copy of
+the C++ logger's record, see :func:`.reducer.logging_data_reader`): so the training thread reads
+them right after each forward that publishes (:class:`.reducer.TimerReads`; one step in
+``runtime_stats_every``) and hands the record over in that step's record; here its maps are
 converted and parsed, and the timers matched to their step by timestamp. A step whose timers
-never appear is finished without them once :data:`MAX_AWAITING` newer steps have arrived.
+never appear (not sampled) is finished without them once a later step's timers match or
+:data:`MAX_AWAITING` newer steps have arrived: its compute and sync wait are not observed.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ logger = logging.getLogger("trainguard.instrumentation")
 MAX_AWAITING = 3
 # Steps finished in a row without the reducer's timers before they are given up on (a torch
 # whose logging data no longer parses, or clocks that no longer match): room for sampling
-# every 32 steps.
+# every 32 steps (runtime_stats_every; the default is 8).
 MAX_STEPS_WITHOUT_TIMERS = 64
 # ... and reads of the timers in a row that gave nothing usable (with runtime_stats_every > 1
 # most steps have none, which alone is no sign of loss).
@@ -114,6 +116,8 @@ class StepWorker:
         self._awaiting: dict[int, StepRecord] = {}
         self._last_iteration = -1
         self._unmatched: ReducerStats | None = None
+        # (bytes, buckets) of DDP's gradient sync as the last timed step had them.
+        self._sync_bytes = (0, 0)
         self._steps_without_timers = 0
         self._reads_without_timers = 0
         self._last_alloc_retries: int | None = None
@@ -298,6 +302,10 @@ class StepWorker:
         self._unmatched = None
         self._steps_without_timers = 0
         self._reads_without_timers = 0
+        # DDP publishes in iteration order: the steps before this one that are still waiting
+        # were not sampled (or their timers were overwritten), and nothing will come for them.
+        for step in sorted(s for s in self._awaiting if s < owner.step):
+            self._finish(self._awaiting.pop(step), None)
         self._finish(self._awaiting.pop(owner.step), stats)
 
     def _observe_buckets(self, record: StepRecord, exemplar: dict[str, str]) -> None:
@@ -410,8 +418,14 @@ class StepWorker:
             if not record.buckets:
                 exemplar = {contract.EXEMPLAR_TRACE_ID: self.trace_id_hex(record.step)}
                 m.grad_sync_duration.observe(_seconds(stats.comm_ns), exemplar)
-                m.grad_sync_bytes.inc(sum(stats.bucket_bytes))
-                self.buckets_synced += len(stats.bucket_bytes)
+                self._sync_bytes = sum(stats.bucket_bytes), len(stats.bucket_bytes)
+                m.grad_sync_bytes.inc(self._sync_bytes[0])
+                self.buckets_synced += self._sync_bytes[1]
+        elif self._ddp_timers and not record.buckets and self._sync_bytes[1]:
+            # A step DDP did not time (sampling) synced its buckets all the same: their sizes
+            # change only when DDP rebuilds them, so the last timed step's are counted.
+            m.grad_sync_bytes.inc(self._sync_bytes[0])
+            self.buckets_synced += self._sync_bytes[1]
         if self._tracer is not None:
             with self._errors.guard("spans"):
                 self._emit_spans(record, stats)
