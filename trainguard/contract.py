@@ -198,12 +198,13 @@ STEP_PHASE_DURATION = _histogram(
 STEP_COMPUTE_DURATION = _histogram(
     "step_compute_duration_seconds",
     "Local work of a step with no waiting on peers: data wait + forward compute + backward "
-    "compute. The straggler signal.",
+    "compute. The straggler signal. On DDP, the steps DDP's runtime statistics time "
+    "(runtime_stats_every).",
 )
 SYNC_WAIT_DURATION = _histogram(
     "sync_wait_duration_seconds",
     "Time a step spent blocked on peers: the part of the gradient sync not overlapped with "
-    "backward compute.",
+    "backward compute. On DDP, the steps DDP's runtime statistics time (runtime_stats_every).",
 )
 COLLECTIVES_LAUNCHED = _counter(
     "collectives_launched_total",
@@ -217,7 +218,8 @@ LAST_STEP_TIMESTAMP = _gauge(
 )
 GRAD_SYNC_DURATION = _histogram(
     "grad_sync_duration_seconds",
-    "Duration of a gradient synchronisation (whole step by default, per bucket in bucket mode).",
+    "Duration of a gradient synchronisation (whole step by default, per bucket in bucket mode; "
+    "on DDP by default, the steps DDP's runtime statistics time).",
 )
 GRAD_SYNC_BYTES = _counter("grad_sync_bytes_total", "Gradient bytes synchronised by this rank.")
 PARAM_GATHER_DURATION = _histogram(
@@ -581,7 +583,7 @@ def _failure(
     return FailureSpec(failure, summary, alerts, signals, actions, triage, diagnose)
 
 
-_TRIAGE = "trainguard.triage.rules:"
+_TRIAGE = "trainguard.triage.detectors."
 _DIAGNOSE = "trainguard.diagnose."
 
 FAILURES: dict[Failure, FailureSpec] = {
@@ -605,7 +607,7 @@ FAILURES: dict[Failure, FailureSpec] = {
                 MEMORY_ALLOC_RETRIES,
             ),
             actions=(Action.SPLIT_MICRO_BATCHES, Action.RECOMMEND, Action.CHECKPOINT_NOW),
-            triage=_TRIAGE + "CudaOomDetector",
+            triage=_TRIAGE + "oom:CudaOomDetector",
             diagnose=_DIAGNOSE + "oom:analyse",
         ),
         _failure(
@@ -614,7 +616,7 @@ FAILURES: dict[Failure, FailureSpec] = {
             alerts=(Alert.TRAINING_STRAGGLER,),
             signals=(STEP_COMPUTE_DURATION, SYNC_WAIT_DURATION, STEP_PHASE_DURATION),
             actions=(Action.RECOMMEND, Action.EXCLUDE_NODE),
-            triage=_TRIAGE + "StragglerDetector",
+            triage=_TRIAGE + "straggler:StragglerDetector",
             diagnose=_DIAGNOSE + "straggler:analyse",
         ),
         _failure(
@@ -655,7 +657,7 @@ FAILURES: dict[Failure, FailureSpec] = {
             alerts=(Alert.TRAINING_NCCL_TIMEOUT,),
             signals=(COLLECTIVE_TIMEOUTS,),
             actions=(Action.DUMP_DIAGNOSTICS, Action.RESTART_FROM_CHECKPOINT, Action.RECOMMEND),
-            triage=_TRIAGE + "NcclTimeoutDetector",
+            triage=_TRIAGE + "nccl_timeout:NcclTimeoutDetector",
             diagnose=_DIAGNOSE + "hang:analyse",
         ),
         _failure(
@@ -664,7 +666,7 @@ FAILURES: dict[Failure, FailureSpec] = {
             alerts=(Alert.NCCL_SOCKET_TRANSPORT_FALLBACK,),
             signals=(NCCL_LOG_ERRORS, NCCL_INFO),
             actions=(Action.RECOMMEND,),
-            triage=_TRIAGE + "NcclErrorDetector",
+            triage=_TRIAGE + "nccl_error:NcclErrorDetector",
             diagnose=None,
         ),
         _failure(
@@ -673,7 +675,7 @@ FAILURES: dict[Failure, FailureSpec] = {
             alerts=(Alert.TRAINING_RANK_DOWN,),
             signals=(RANK_INFO,),
             actions=(Action.RESTART_FROM_CHECKPOINT,),
-            triage=_TRIAGE + "ElasticFailureDetector",
+            triage=_TRIAGE + "elastic:ElasticFailureDetector",
             diagnose=None,
         ),
         _failure(
@@ -682,7 +684,7 @@ FAILURES: dict[Failure, FailureSpec] = {
             alerts=(Alert.GPU_XID_ERROR, Alert.GPU_NVML_DOWN),
             signals=(GPU_XID_ERRORS, GPU_ECC_ERRORS, GPU_REMAPPED_ROWS, NVML_UP),
             actions=(Action.DRAIN_NODE, Action.RECOMMEND),
-            triage=_TRIAGE + "XidDetector",
+            triage=_TRIAGE + "xid:XidDetector",
             diagnose=_DIAGNOSE + "gpu:analyse_faults",
         ),
         _failure(

@@ -1,11 +1,20 @@
-"""One classifier of NCCL error lines into ``contract.NcclErrorKind``, and what to do per kind.
+"""The grammar of NCCL's log lines, one module for the exporter and for ``trainguard triage``.
 
-The exporter's ``trainguard_nccl_log_errors_total{kind}`` (``NCCL WARN`` lines of debug files)
-and ``trainguard triage``'s ``nccl_error`` findings (``NCCL WARN`` lines and the errors torch
-raises from them) both call :func:`classify`, so a line has the same kind in both.
+NCCL prints every debug line as ``host:pid:tid [cudaDev] NCCL INFO|WARN message`` (``WARN``
+lines of some releases carry ``file.cc:line`` before ``NCCL``), announces its version as
+``NCCL version 2.x.y``, and torch re-raises its failures as ``NCCL error in: ...``. Three things
+are read here, so that the exporter's ``trainguard_nccl_log_errors_total{kind}`` and triage's
+``nccl_error`` findings agree on every line:
+
+* :data:`PREFIX` / :data:`PREFIX_BYTES`: the line prefix (host, pid, tid, device, source file,
+  level), searched anywhere in a line because pasted and collected logs put timestamps and
+  ``[rank3]:`` in front of it;
+* :data:`VERSION` / :data:`VERSION_BYTES`: the version announcement;
+* :func:`classify`: the kind of an error line (``contract.NcclErrorKind``).
+
 Standard library only: triage runs wherever the logs are.
 
-The rules are tried in order and the first match wins, the most specific first:
+The classifier's rules are tried in order and the first match wins, the most specific first:
 
 1. NCCL's result codes, by their ``ncclResult_t`` name (``ncclRemoteError``) or by
    ``ncclGetErrorString``'s wording that torch prints (``unhandled system error``), plus the
@@ -25,6 +34,22 @@ import re
 
 from trainguard.contract import NcclErrorKind
 
+# src/debug.cc, ncclDebugLogV (NVIDIA/nccl 0456df2): "%s:%d:%d " (host, pid, tid), then
+# "[%d] NCCL INFO %s" or, for WARN, "[%d] %s:%d (%s) NCCL WARN %s" (device, file, line and
+# function; older releases print "file:line" without the function, the oldest neither). WARN
+# lines start with a timestamp by default (NCCL_DEBUG_TIMESTAMP_LEVELS=WARN, format "[%F %T] "),
+# and collected logs add their own prefixes, so the prefix is searched, never anchored.
+_PREFIX = (
+    r"(?P<host>[^\s:\[\]]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d*)\] "
+    r"(?:(?P<source>\S+(?: \([^)]*\))?) )?NCCL (?P<level>INFO|WARN|ABORT|TRACE) ?"
+)
+PREFIX = re.compile(_PREFIX)
+PREFIX_BYTES = re.compile(_PREFIX.encode())
+# "NCCL version %s" (src/init.cc; newer releases follow the release with "+cuda12.x").
+_VERSION = r"NCCL version (?P<version>\d+\.\d+\.\d+)"
+VERSION = re.compile(_VERSION)
+VERSION_BYTES = re.compile(_VERSION.encode())
+
 _K = NcclErrorKind
 
 RULES: tuple[tuple[NcclErrorKind, re.Pattern[str]], ...] = (
@@ -39,8 +64,10 @@ RULES: tuple[tuple[NcclErrorKind, re.Pattern[str]], ...] = (
     (
         _K.INVALID_USAGE,
         re.compile(
+            # "Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx" (init.cc,
+            # 2.x up to 2.29), "Multiple Ranks are using the same GPU/Partition." (init.cc 2.30)
             r"ncclInvalidUsage|ncclInvalidArgument|invalid usage|invalid argument|"
-            r"Duplicate GPU detected|Invalid config",
+            r"Duplicate GPU detected|same GPU/Partition|Invalid config",
             re.IGNORECASE,
         ),
     ),
@@ -55,13 +82,34 @@ RULES: tuple[tuple[NcclErrorKind, re.Pattern[str]], ...] = (
     ),
     (_K.TIMEOUT, re.compile(r"timed? ?out", re.IGNORECASE)),
     (_K.PROXY, re.compile(r"proxy", re.IGNORECASE)),
+    # "Error while creating|attaching to shared memory segment %s" (src/misc/shmutils.cc, 2.12+;
+    # src/include/shm.h up to 2.11, where the segment is named "nccl-shm-recv-..." without
+    # its /dev/shm path)
     (
         _K.SYSTEM,
-        re.compile(r"system error|call to \w+ failed|errno|/dev/shm|allocate", re.IGNORECASE),
+        re.compile(
+            r"system error|call to \w+ failed|errno|/dev/shm|shared memory|allocate",
+            re.IGNORECASE,
+        ),
     ),
     # 3. any other mention of CUDA (a word, or a CUDA API call such as cudaMalloc, cuMemCreate)
     (_K.CUDA, re.compile(r"\b(?:CUDA|Cuda|cuda)\b|\bcu(?:da)?[A-Z]\w*")),
 )
+
+
+# ncclResult_t by name (src/nccl.h.in; ncclRemoteError since 2.13, ncclTimeout since 2.30) as
+# torch prints them in getNcclErrorDetailStr (torch/csrc/distributed/c10d/NCCLUtils.cpp:
+# "ncclSystemError: System call ...") and NCCL's own tools do. ncclInProgress is no failure.
+RESULT_CODES: dict[str, NcclErrorKind] = {
+    "ncclUnhandledCudaError": _K.CUDA,
+    "ncclSystemError": _K.SYSTEM,
+    "ncclInternalError": _K.INTERNAL,
+    "ncclInvalidArgument": _K.INVALID_USAGE,
+    "ncclInvalidUsage": _K.INVALID_USAGE,
+    "ncclRemoteError": _K.REMOTE,
+    "ncclTimeout": _K.TIMEOUT,
+}
+RESULT_CODE = re.compile(r"\b(?P<code>" + "|".join(RESULT_CODES) + r")\b")
 
 
 def classify(message: str) -> NcclErrorKind:

@@ -154,7 +154,7 @@ def test_every_action_is_catalogued_and_carried_out() -> None:
     "spec", [s for s in SPECS if s.triage_detector], ids=lambda s: s.failure.value
 )
 def test_triage_detector_finds_its_failure(spec: FailureSpec) -> None:
-    from trainguard.triage.rules import default_detectors
+    from trainguard.triage.detectors import default_detectors
 
     assert spec.triage_detector is not None
     detector = _resolve(spec.triage_detector)
@@ -163,7 +163,7 @@ def test_triage_detector_finds_its_failure(spec: FailureSpec) -> None:
 
 
 def test_every_triage_detector_is_in_the_catalogue() -> None:
-    from trainguard.triage.rules import default_detectors
+    from trainguard.triage.detectors import default_detectors
 
     named = {_resolve(s.triage_detector) for s in SPECS if s.triage_detector}
     assert {type(d) for d in default_detectors()} <= named

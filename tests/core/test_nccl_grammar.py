@@ -1,4 +1,4 @@
-"""The one NCCL error classifier: every kind from lines of the exporter's and triage's fixtures,
+"""The NCCL log grammar: every error kind from lines of the exporter's and triage's fixtures,
 and the order of its rules (the more specific first)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.contract import NcclErrorKind
-from trainguard.nccl_errors import ADVICE, RULES, classify
+from trainguard.nccl_grammar import ADVICE, RULES, classify
 
 TESTS = Path(__file__).resolve().parents[1]
 EXPORTER = TESTS / "exporters" / "fixtures" / "nccl-warnings.log"

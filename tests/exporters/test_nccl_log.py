@@ -90,6 +90,12 @@ def _comms(state: NcclLogState) -> dict[str, Communicator]:
             b"h:1:2 [0] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by peer",
             NcclWarning(1, NcclErrorKind.SOCKET),
         ),
+        # NCCL 2.2x: WARN lines start with a timestamp by default and name the function too.
+        (
+            b"[2025-01-01 10:00:00] h:1:2 [0] transport/net_ib.cc:1295 (ncclIbTest) NCCL WARN "
+            b"NET/IB : Got completion from peer 10.0.0.2<4321> with status=12 opcode=0",
+            NcclWarning(1, NcclErrorKind.IB),
+        ),
     ],
 )
 def test_parse_line(line: bytes, record: object) -> None:

@@ -13,8 +13,9 @@ import pytest
 
 from trainguard import cli, contract, thresholds
 from trainguard.contract import Failure
-from trainguard.triage import rules, xid
+from trainguard.triage import detectors, xid
 from trainguard.triage.cli import EXIT_FOUND, EXIT_NOTHING_FOUND, EXIT_UNREADABLE
+from trainguard.triage.detectors.straggler import StragglerDetector
 from trainguard.triage.scanner import Progress, Scanner, rank_hint
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -208,18 +209,18 @@ def test_straggler_from_per_rank_timings_in_mixed_units(capsys) -> None:
 
 def test_straggler_judged_by_the_thresholds_file() -> None:
     defaults = thresholds.load_default()
-    (detector,) = [d for d in rules.default_detectors() if isinstance(d, rules.StragglerDetector)]
+    (detector,) = [d for d in detectors.default_detectors() if isinstance(d, StragglerDetector)]
     assert (detector.factor, detector.min_ranks) == (
         defaults.straggler_factor,
         defaults.straggler_min_ranks,
     )
     # rank 2 is about 1.35x its peers: a stricter factor in the file finds nothing
     strict = dataclasses.replace(defaults, straggler_factor=1.5)
-    scanner = Scanner(rules.default_detectors(strict))
+    scanner = Scanner(detectors.default_detectors(strict))
     scanner.scan_paths([str(FIXTURES / "straggler.log")])
     assert scanner.findings() == []
     fewer = dataclasses.replace(defaults, straggler_min_ranks=5)  # the log has 4 ranks
-    scanner = Scanner(rules.default_detectors(fewer))
+    scanner = Scanner(detectors.default_detectors(fewer))
     scanner.scan_paths([str(FIXTURES / "straggler.log")])
     assert scanner.findings() == []
 
@@ -345,7 +346,7 @@ def test_repeats_fold_into_one_finding_and_groups_are_bounded(monkeypatch, tmp_p
         for i in range(10_000)
     ]
     log.write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr(rules, "MAX_GROUPS", 3)
+    monkeypatch.setattr(detectors.base, "MAX_GROUPS", 3)
     scanner = Scanner()
     scanner.scan_paths([str(log)])
     findings = scanner.findings()
@@ -383,8 +384,8 @@ def test_human_output_names_file_line_and_advice(capsys) -> None:
 
 def test_json_names_the_failure_and_each_detector_declares_its_own(capsys) -> None:
     _, findings = triage_json(capsys, FIXTURES)
-    assert {f["failure"] for f in findings} == {d.failure.value for d in rules.DETECTORS}
+    assert {f["failure"] for f in findings} == {d.failure.value for d in detectors.DETECTORS}
     assert all("category" not in f for f in findings)
-    for detector in rules.default_detectors():
+    for detector in detectors.default_detectors():
         spec = contract.FAILURES[detector.failure]
-        assert spec.triage_detector == f"{rules.__name__}:{type(detector).__name__}"
+        assert spec.triage_detector == f"{type(detector).__module__}:{type(detector).__name__}"

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TextIO
 
 from trainguard.thresholds import load_default
+from trainguard.triage.detectors import DETECTORS, default_detectors
 from trainguard.triage.findings import Finding
-from trainguard.triage.rules import DETECTORS, default_detectors
 from trainguard.triage.scanner import Progress, Scanner, ScanStats
 
 EXIT_NOTHING_FOUND = 0

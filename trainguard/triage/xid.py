@@ -19,6 +19,10 @@ only warns on it, while triage reads the action and says ``now`` unless it is "N
 (``recovery_drain``). NVIDIA's catalog also asks for a GPU reset after 38 (driver firmware
 error) and 140 (unrecovered ECC error), which ``xid_critical`` does not list yet: until it does,
 their advice says to reset the GPU but ``drain`` follows the list (see thresholds.yml).
+
+``DRIVER_EVENTS``: the failures the driver reports without an Xid (a GPU fallen off the bus at
+probe time, RmInitAdapter failures, a lost GPU, a crash dump); each drains like the Xid it
+amounts to (``like_xid``), or ``unknown`` where the message cannot say.
 """
 
 from __future__ import annotations
@@ -133,6 +137,65 @@ _UNKNOWN = _Fact(
     "Xid not in trainguard's table",
     "Look the code up in NVIDIA's Xid catalog; treat it as needing a drain until you know.",
 )
+
+
+# Failures the driver reports without an Xid (NVIDIA/open-gpu-kernel-modules 595.45.04, commit
+# df1c9a3de2be4b130f4fc7680f7198193d8ac6ad; the older wordings are quoted in
+# tests/triage/corpus/gpu_fault/SOURCES.md). Triage reports them as gpu_fault findings with no
+# ``xid`` field, an ``event`` instead; on the same GPU as an Xid they are folded into the Xid's
+# finding. ``like_xid``: the Xid whose drain decision applies (the GPU is as unusable as after
+# it), None where the message alone cannot say.
+@dataclass(frozen=True)
+class DriverEvent:
+    meaning: str
+    advice: str
+    like_xid: int | None
+
+
+DRIVER_EVENTS: dict[str, DriverEvent] = {
+    # osinit.c osHandleGpuLost: NV_DEV_PRINTF "GPU has fallen off the bus." (after Xid 79 when
+    # bEmitXid); osapi.c RmInitAdapter probe: "The NVIDIA GPU %04x:%02x:%02x.%x\n(PCI ID:
+    # %04x:%04x) installed in this system has\nfallen off the bus and is not responding to
+    # commands." (no Xid: the GPU is already gone when the driver probes it).
+    "fallen_off_bus": DriverEvent(
+        "GPU has fallen off the bus (reported without an Xid)",
+        CATALOGUE[79].advice,
+        79,
+    ),
+    # "Check failed: GPU lost from the bus [NV_ERR_GPU_IS_LOST]" (nvCheckOkFailedNoLog) and, with
+    # debug prints on, nv.c's "GPU is lost, skipping ...".
+    "gpu_lost": DriverEvent(
+        "GPU lost: the driver can no longer reach it",
+        CATALOGUE[79].advice,
+        79,
+    ),
+    # osinit.c RmInitAdapter: NV_DEV_PRINTF "RmInitAdapter failed! (0x%x:0x%x:%d)" and nv.c
+    # "rm_init_adapter failed, device minor number %d".
+    "init_failed": DriverEvent(
+        "The driver could not initialise the GPU (RmInitAdapter failed)",
+        "The GPU cannot run anything until the driver initialises it: drain the node, look for "
+        "the Xid or PCIe/AER errors before this message, reseat or power-cycle the GPU and run "
+        "`dcgmi diag -r 3`; one that keeps failing is a hardware replacement. The same status "
+        "on every GPU of the node after a driver update points at the driver or its GSP "
+        "firmware instead.",
+        79,
+    ),
+    # osapi.c RmLogGpuCrash: "A GPU crash dump has been created. If possible, please run\n
+    # nvidia-bug-report.sh as root to collect this data before\nthe NVIDIA kernel module is
+    # unloaded." It names no GPU and no cause.
+    "crash_dump": DriverEvent(
+        "The driver saved a GPU crash dump after a serious GPU error",
+        "Run `nvidia-bug-report.sh` as root before the driver is unloaded; the Xid or driver "
+        "message just before the dump says what failed and whether to drain.",
+        None,
+    ),
+}
+
+
+def driver_event_drain(event: str, critical: Collection[int] | None = None) -> str:
+    """The drain decision for a driver failure reported without an Xid."""
+    like = DRIVER_EVENTS[event].like_xid
+    return "unknown" if like is None else lookup(like, critical).drain
 
 
 def critical_xids() -> frozenset[int]:

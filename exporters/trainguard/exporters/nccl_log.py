@@ -6,14 +6,15 @@ Three layers, each testable alone:
   nothing we export. It is a pure function on bytes, so binary garbage can only fail to match.
 * :class:`NcclLogState` folds records into what the collector exports: per communicator its
   NCCL version, transports, network interface, ranks, channels and tree channels, and warning
-  counts by kind (``contract.NcclErrorKind``, from ``trainguard.nccl_errors.classify``, the
+  counts by kind (``contract.NcclErrorKind``, from ``trainguard.nccl_grammar.classify``, the
   classifier ``trainguard triage`` uses too).
 * :class:`LogFollower` follows files matching globs like ``tail -F``: it reopens a file that was
   rotated (new inode) after draining the old one, starts over when a file is truncated, keeps a
   partial last line until its newline arrives and drops lines longer than a limit (counted).
 
-NCCL lines look like ``host:pid:tid [cudaDev] NCCL INFO message`` (WARN lines may carry
-``file.cc:line`` before ``NCCL``); the formats handled are those of NCCL 2.7 to 2.2x.
+NCCL lines look like ``host:pid:tid [cudaDev] NCCL INFO message``; their grammar (the prefix,
+the version line, the kind of a warning) is ``trainguard.nccl_grammar``'s, shared with
+``trainguard triage``.
 """
 
 from __future__ import annotations
@@ -30,10 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract import NcclErrorKind
-from trainguard.nccl_errors import classify
+from trainguard.nccl_grammar import PREFIX_BYTES, VERSION_BYTES, classify
 
-_PREFIX = re.compile(rb"^[^\s:]*:(\d+):(\d+) \[[^\]]*\] (?:(\S+) )?NCCL (INFO|WARN) ")
-_VERSION = re.compile(rb"NCCL version (\d+\.\d+\.\d+)")
 _NET_USING = re.compile(rb"^NET/([^\s:]+) ?: Using (.*)$")
 _NET_DEVICE = re.compile(rb"\[\d+\]([^\s;]+)")
 _USING_NETWORK = re.compile(rb"^Using network (.+?)\s*$")
@@ -152,15 +151,15 @@ def _interface(devices: bytes) -> str:
 
 def parse_line(line: bytes) -> Record | None:
     """One NCCL debug line as a record, or ``None`` when it says nothing exported."""
-    prefix = _PREFIX.match(line)
+    prefix = PREFIX_BYTES.search(line)
     if prefix is None:
-        bare = _VERSION.match(line)
-        return Version(0, bare.group(1).decode()) if bare else None
-    pid, tid = int(prefix.group(1)), int(prefix.group(2))
+        bare = VERSION_BYTES.search(line)
+        return Version(0, bare["version"].decode()) if bare else None
+    pid, tid = int(prefix["pid"]), int(prefix["tid"])
     message = line[prefix.end() :].rstrip(b"\r")
-    if prefix.group(4) == b"WARN":
+    if prefix["level"] == b"WARN":
         # The source file NCCL names (net_ib.cc, socket.cc, proxy.cc) says as much as the text.
-        return NcclWarning(pid, classify_warning((prefix.group(3) or b"") + b" " + message))
+        return NcclWarning(pid, classify_warning((prefix["source"] or b"") + b" " + message))
     if not (message.startswith(_INFO_STARTS) or message[:1].isdigit()):
         return None
     return _parse_info(pid, tid, message)
@@ -186,8 +185,8 @@ def _parse_info(pid: int, tid: int, message: bytes) -> Record | None:
             comm_id=comm_id.decode() if comm_id else "",
             complete=match.group(5) == b"COMPLETE",
         )
-    if match := _VERSION.match(message):
-        return Version(pid, match.group(1).decode())
+    if match := VERSION_BYTES.match(message):
+        return Version(pid, match["version"].decode())
     if match := _NET_USING.match(message):
         return NetDevices(pid, _interface(match.group(2)))
     if match := _USING_NETWORK.match(message):

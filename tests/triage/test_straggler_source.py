@@ -1,0 +1,166 @@
+"""The straggler detector on the per-rank timing formats as their programs print them.
+
+Each log here is rendered with the emitting code's own format string (quoted beside it, with
+the file and commit it is from; tests/triage/corpus/straggler/SOURCES.md lists them), so the
+detector is tested against what the program writes, not against a guess of it. Real excerpts
+of these formats are in tests/triage/corpus/.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from trainguard.triage.detectors.straggler import MIN_REPORTS, MIN_SAMPLES, StragglerDetector
+from trainguard.triage.findings import Finding
+from trainguard.triage.scanner import Scanner
+
+
+def scan(text: str, name: str = "train.log", factor: float = 1.2) -> list[Finding]:
+    scanner = Scanner([StragglerDetector(factor, 2)])
+    scanner.scan_stream(io.BytesIO(text.encode()), name)
+    return scanner.findings()
+
+
+def megatron_block(times: dict[str, list[float]]) -> str:
+    """megatron/core/timers.py Timers._get_all_ranks_time_string (NVIDIA/Megatron-LM
+    d98e8a64dd): 'times across ranks (ms):', then '\\n  {}:'.format(name) and
+    '\\n     rank {:2d}: {:.2f}'.format(rank, ms) per rank, logged as one record."""
+    out = "times across ranks (ms):"
+    for name, per_rank in times.items():
+        out += "\n  {}:".format(name)  # noqa: UP032 (the source's own call)
+        for rank, ms in enumerate(per_rank):
+            out += "\n     rank {:2d}: {:.2f}".format(rank, ms)  # noqa: UP032
+    return out
+
+
+def test_megatron_all_ranks_block_names_the_slow_rank() -> None:
+    times = {
+        "forward-compute": [1210.5, 1208.9, 1650.2, 1215.0],
+        "backward-compute": [2400.1, 2398.7, 3301.4, 2402.2],
+        # the ranks that wait for rank 2 spend longer in the collective: never compared
+        "all-grads-sync": [950.0, 948.0, 120.0, 951.0],
+    }
+    block = megatron_block(times)
+    log = "\n".join(f"[2024-05-01 10:0{i}:00] [INFO] [timers.py:356:log] {block}" for i in range(3))
+    (finding,) = scan(log + "\n")
+    fields = finding.fields
+    assert fields["rank"] == 2 and fields["scope"] == "rank"
+    assert fields["metric"] in ("forward-compute", "backward-compute")
+    assert set(fields["slow_metrics"]) == {"forward-compute", "backward-compute"}
+    assert fields["samples"] == MIN_REPORTS == 3 and fields["ranks_compared"] == 4
+    assert fields["median_seconds"] == pytest.approx(3.3014)
+
+
+def test_megatron_block_with_torchrun_prefixes_and_a_line_after_it() -> None:
+    block = megatron_block({"forward-compute": [100.0, 100.0, 100.0, 180.0]})
+    lines = [f"[rank3]:{line}" for line in block.splitlines()]
+    after = "[rank3]: [after training is done] datetime: 2024-05-01 10:10:00"
+    log = "\n".join(lines * MIN_REPORTS + [after]) + "\n"
+    (finding,) = scan(log)
+    assert finding.fields["rank"] == 3
+
+
+def test_a_waiting_timer_alone_accuses_no_one() -> None:
+    # rank 0 starts first and waits longest in the all-reduce: it is not the straggler
+    block = megatron_block({"layernorm-grads-all-reduce": [23.3, 7.9, 3.4, 2.8]})
+    assert scan("\n".join([block] * 5) + "\n") == []
+
+
+def test_too_few_megatron_reports_are_not_judged() -> None:
+    block = megatron_block({"forward-compute": [100.0, 100.0, 300.0]})
+    assert scan("\n".join([block] * (MIN_REPORTS - 1)) + "\n") == []
+
+
+def deepspeed_line(rank: int, fwd: float, bwd: float, allreduce: float) -> str:
+    """deepspeed/utils/timer.py SynchronizedWallClockTimer.log, v0.3.0-v0.10.0
+    (deepspeedai/DeepSpeed 65c2f974d..b354c28b7^): f"rank={dist.get_rank()} time (ms)" then
+    " | {}: {:.2f}".format(name, elapsed_time) per timer, through log_dist."""
+    string = f"rank={rank} time (ms)"
+    for name, value in (("forward", fwd), ("backward_allreduce", allreduce), ("backward", bwd)):
+        string += " | {}: {:.2f}".format(name, value)  # noqa: UP032 (as in timer.py)
+    return f"[2021-10-08 20:18:46,393] [INFO] [logging.py:68:log_dist] [Rank {rank}] {string}"
+
+
+def test_deepspeed_per_rank_timers() -> None:
+    lines = []
+    for _ in range(MIN_SAMPLES):
+        lines += [
+            deepspeed_line(0, 316.0, 747.3, 232.3),
+            deepspeed_line(1, 318.2, 747.0, 230.1),
+            deepspeed_line(2, 512.7, 747.9, 36.0),
+            deepspeed_line(3, 315.1, 746.8, 231.9),
+        ]
+    (finding,) = scan("\n".join(lines) + "\n")
+    assert finding.fields["rank"] == 2 and finding.fields["metric"] == "forward"
+    assert finding.fields["slow_metrics"] == ["forward"]  # backward is equal, allreduce skipped
+
+
+def test_deepspeed_rank0_only_compares_nothing() -> None:
+    lines = [deepspeed_line(0, 316.0, 747.3, 232.3)] * 20
+    assert scan("\n".join(lines) + "\n") == []
+
+
+def dlrover_line(round_: int, times: dict[int, float]) -> str:
+    """dlrover/python/master/elastic_training/rdzv_manager.py (NetworkCheckRendezvousManager):
+    f"Round {self._rdzv_round}: The node elapsed time " f"are {self._node_times}"."""
+    return f"Round {round_}: The node elapsed time are {times}"
+
+
+def test_dlrover_network_check_names_the_node() -> None:
+    log = "\n".join(
+        dlrover_line(r, {0: 20.1, 1: 20.4, 2: 55.0, 3: 19.9}) for r in range(MIN_REPORTS)
+    )
+    (finding,) = scan(log + "\n")
+    assert finding.fields["rank"] == 2 and finding.fields["scope"] == "node"
+    assert finding.summary.startswith("node 2 is")
+
+
+def test_dlrover_timeout_sentinel_is_a_fault_not_a_time() -> None:
+    # 3600 s: the check timed out (docs/tutorial/check_node_health.md), not a slow node
+    log = "\n".join(dlrover_line(r, {0: 20.1, 1: 3600.0, 2: 20.4}) for r in range(5))
+    assert scan(log + "\n") == []
+
+
+def test_one_bad_round_does_not_make_a_straggler() -> None:
+    rounds = [
+        {0: 206.9, 1: 20.3, 2: 20.2},
+        {0: 23.2, 1: 20.3, 2: 20.2},
+        {0: 22.7, 1: 21.5, 2: 20.9},
+    ]
+    log = "\n".join(dlrover_line(r, t) for r, t in enumerate(rounds))
+    assert scan(log + "\n") == []
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "rank {rank} step time {value:.3f}s",
+        "rank={rank} iteration time: {ms:.1f} ms",
+        "[rank{rank}]: step {step} | step_time={value:.4f}",
+        "Rank {rank}: compute_time {ms:.1f}ms",
+    ],
+)
+def test_plain_prints(template: str) -> None:
+    lines = []
+    for step in range(MIN_SAMPLES):
+        for rank in range(4):
+            value = 1.52 if rank == 3 else 1.01
+            lines.append(template.format(rank=rank, value=value, ms=value * 1000, step=step))
+    (finding,) = scan("\n".join(lines) + "\n")
+    assert finding.fields["rank"] == 3
+
+
+def test_per_rank_lines_that_are_not_timings() -> None:
+    # fairseq's per-rank device table and NCCL's init timings name ranks but time no step
+    lines = [
+        f"2020-12-08 22:32:43 | INFO | fairseq.utils | rank   {r}: capabilities =  6.1  ; "
+        "total memory = 10.917 GB ; name = GeForce GTX 1080 Ti"
+        for r in range(4)
+    ] + [
+        f"host:1:2 [{r}] NCCL INFO Init timings: rank {r} nranks 4 total {1.08 + r:.2f} "
+        "(kernels 0.51, bootstrap 0.22)"
+        for r in range(4)
+    ]
+    assert scan("\n".join(lines * 5) + "\n") == []

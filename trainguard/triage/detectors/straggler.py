@@ -1,0 +1,306 @@
+"""Stragglers from the per-rank timings trainers and training scripts print.
+
+The verdict is one rule whatever printed the numbers: a rank is slow when the median of its
+samples of one timing is at least ``factor`` times the median of its peers' medians, with at
+least ``min_ranks`` ranks compared (thresholds.yml's ``straggler_factor`` and
+``straggler_min_ranks``, the values the TrainingStraggler alert and ``diagnose`` judge by) and
+enough samples per rank for a median to mean something.
+
+What differs is how the samples are read. Two kinds:
+
+* per-step lines a rank prints about itself (``step_time=0.51``, DeepSpeed's
+  ``rank=3 time (ms) | forward: ...``): noisy, one step each, so a rank needs
+  ``MIN_SAMPLES`` of them;
+* reports one process prints about every rank at once (Megatron's ``times across ranks``
+  block, DLRover's network-check times): each is already an aggregate (a logging interval's
+  average, a whole check task), so a rank needs ``MIN_REPORTS`` of them; three, so that one
+  bad report (a warm-up, a round run before a node was replaced) cannot carry the median.
+
+Timers that contain a collective or a wait (all-reduce, send/recv, sync, ...) are not compared:
+a collective ends when the last rank arrives, so in it the straggler waits least and the ranks
+that wait for it look slow. Only local work tells the straggler apart.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import deque
+from dataclasses import dataclass
+from typing import ClassVar
+
+from trainguard.contract import Failure
+from trainguard.thresholds import Thresholds, load_default
+from trainguard.triage.detectors.base import (
+    MAX_LISTED,
+    Source,
+    bounded_get,
+    rank_of,
+    register,
+)
+from trainguard.triage.findings import Finding, Location
+
+_SAMPLES_PER_RANK = 1000
+# Per-step samples a rank needs before its median is compared (a rank's own lines).
+MIN_SAMPLES = 5
+# Reports a rank needs before its median is compared (one line or block covering every rank).
+MIN_REPORTS = 3
+# Lines one Megatron "times across ranks" block may span before it is cut off.
+_MAX_BLOCK_LINES = 100_000
+
+# --- formats ----------------------------------------------------------------------------
+# 1. A rank's own key=value timing, in seconds or milliseconds: what training scripts print
+#    (``compute_time=0.51s``, ``step_time: 498.3ms``: tests/triage/fixtures/straggler.log),
+#    plain prints (``rank 3 step time 1.52s``), Megatron's
+#    ``elapsed time per iteration (ms): 1234.5`` (megatron/training/training.py training_log,
+#    NVIDIA/Megatron-LM d98e8a64dd) and ESPnet's ``iter_time=0.422`` (as its trainer logs it,
+#    espnet/espnet#3221); not inside a longer name (``optim_step_time``). The rank comes from
+#    torchrun's [rankN]: prefix, the message ("rank 3 ...") or the file name.
+_TIMING = re.compile(
+    r"(?<![\w-])(?P<key>step[_ ]time|iter(?:ation)?[_ ]time|compute[_ ]time|batch[_ ]time"
+    r"|time per iteration)"
+    r"\s*(?P<ms>\(ms\))?\s*[=:]?\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>ms|s)?\b"
+)
+# "rank 3", "rank=3", "Rank: 3", "[rank 3]" before the timing; not "nranks" nor "local_rank".
+_RANK_WORD = re.compile(r"\b[Rr]ank[\s=:#\[]*(\d+)\b")
+
+# 2. DeepSpeed's wall-clock breakdown, ``rank=0 time (ms) | forward: 316.00 | backward: ...``:
+#    SynchronizedWallClockTimer.log in deepspeed/utils/timer.py from v0.3.0 (65c2f974d,
+#    2020-09) to v0.10.0; b354c28b7 (v0.10.1) dropped the ``rank=N`` and prints ``time (ms)``
+#    alone (deepspeedai/DeepSpeed). Printed by rank 0 unless the caller passes ``ranks``.
+_DEEPSPEED = re.compile(r"\brank=(?P<rank>\d+) time \(ms\)(?P<timers>(?: \| [\w.\-]+: [\d.]+)+)")
+_DEEPSPEED_TIMER = re.compile(r" \| (?P<name>[\w.\-]+): (?P<value>\d+(?:\.\d+)?)")
+
+# 3. Megatron with --timing-log-option all: Timers._get_all_ranks_time_string in
+#    megatron/core/timers.py (since 77efcccb93 "Timing levels", 2022-08, tag 23.04; unchanged
+#    at d98e8a64dd) logs, on the last rank, every timer's time per rank in milliseconds:
+#        times across ranks (ms):
+#          forward-compute:
+#             rank  0: 1210.51
+#             rank  1: 1544.30
+#    one logger.info record per log interval, normalised by --log-interval (an average).
+_MEGATRON_HEADER = "times across ranks (ms):"
+_MEGATRON_ROW = re.compile(r"\brank\s+(?P<rank>\d+): (?P<value>\d+(?:\.\d+)?)\s*$")
+_MEGATRON_NAME = re.compile(r"(?:^|\s)(?P<name>[A-Za-z][\w\-/.]*(?: [\w\-/.]+)*):\s*$")
+
+# 4. DLRover's network check (dlrover-run --network-check): the job master logs each node's
+#    time to run the check task, ``Round 1: The node elapsed time are {2: 20.307, 1: 135.961}``
+#    (NetworkCheckRendezvousManager, dlrover/python/master/elastic_training/rdzv_manager.py;
+#    intelligent-machine-learning/dlrover b1fb4c4 prefixes the manager's name; 2023 releases
+#    printed ``The elapsed time of nodes are {...}``). Keys are node ranks; 3600 s is the value
+#    a node gets when the check timed out (docs/tutorial/check_node_health.md): a fault, not a
+#    time, so it is left out.
+_DLROVER = re.compile(r"elapsed time[^{]*\{(?P<body>[^{}]*)\}")
+_DLROVER_ENTRY = re.compile(r"(?P<node>\d+): (?P<value>\d+(?:\.\d+)?)")
+_DLROVER_TIMEOUT = 3600.0
+
+# Timers holding a collective, a point-to-point transfer or a wait, by the names Megatron
+# (megatron/training/training.py timers_to_log: *-all-reduce, all-grads-sync,
+# params-all-gather, *-send/-recv, and the optimizer steps that all-reduce a flag or a norm:
+# optimizer-unscale-and-check-inf, optimizer-clip-main-grad, optimizer-count-zeros; the
+# aggregates forward-backward and optimizer hold them) and DeepSpeed (backward_allreduce,
+# optimizer_allgather) give them.
+_WAITING_TIMER = re.compile(
+    r"all[-_ ]?reduce|all[-_ ]?gather|reduce[-_ ]?scatter|all[-_ ]?to[-_ ]?all|broadcast"
+    r"|send|recv|sync|wait|barrier|comm|check-inf|clip|count-zeros"
+    r"|^forward-backward$|^optimizer$",
+    re.IGNORECASE,
+)
+
+_PER_STEP, _REPORT = "per-step", "report"
+
+
+@dataclass
+class _Series:
+    """One rank's samples of one timing, and where they were first seen."""
+
+    samples: deque[float]
+    first: Location
+    kind: str
+    scope: str  # "rank", or "node" where the log names nodes (DLRover)
+
+
+@register
+class StragglerDetector:
+    """Per-rank timings; a rank whose median is well above its peers' is slow.
+
+    Each timing (step_time, forward-compute, a DLRover check, ...) is compared separately so
+    that a log that prints several never mixes them; a rank slow in several is one finding,
+    named after the timing it is slowest in.
+    """
+
+    failure: ClassVar[Failure] = Failure.STRAGGLER
+    # Literal keywords of the lines it reads. "_time" covers step_time, iter_time,
+    # compute_time and batch_time; the rest are the other formats' fixed words.
+    keywords: tuple[str, ...] = (
+        "_time",
+        "step time",
+        "iteration time",
+        "compute time",
+        "batch time",
+        "time per iteration",
+        "time (ms) |",
+        _MEGATRON_HEADER,
+        "elapsed time",
+    )
+    needles: tuple[str, ...] = ("time",)  # every keyword above holds it
+
+    @classmethod
+    def from_thresholds(cls, thresholds: Thresholds) -> StragglerDetector:
+        return cls(thresholds.straggler_factor, thresholds.straggler_min_ranks)
+
+    def __init__(self, factor: float | None = None, min_ranks: int | None = None) -> None:
+        if factor is None or min_ranks is None:
+            defaults = load_default()
+            factor = defaults.straggler_factor if factor is None else factor
+            min_ranks = defaults.straggler_min_ranks if min_ranks is None else min_ranks
+        self.dropped = 0
+        self.factor = factor
+        self.min_ranks = max(min_ranks, 2)  # a rank needs at least one peer to compare with
+        self._series: dict[tuple[str, int], _Series] = {}
+        # Inside a Megatron block: the timer whose rows come next (None before the first name)
+        # and how many lines the block has run.
+        self._block_timer: str | None = None
+        self._block_lines = 0
+        self._block_source = ""  # a block never runs on into the next file
+
+    # --- reading ----------------------------------------------------------------------------
+    def feed(self, line: str, where: Location, source: Source) -> bool:
+        if self._block_lines and self._block_source == source.name:
+            if self._block_row(line, where):
+                return True
+            self._block_lines = 0  # the block ended; the line may be anything, read it below
+        if _MEGATRON_HEADER in line:
+            self._block_timer, self._block_lines, self._block_source = None, 1, source.name
+            return True
+        if "elapsed time" in line and "{" in line:
+            self._dlrover(line, where)
+            return False
+        if "time (ms) |" in line:
+            self._deepspeed(line, where)
+            return False
+        self._own_timing(line, where, source)
+        return False
+
+    def _own_timing(self, line: str, where: Location, source: Source) -> None:
+        match = _TIMING.search(line)
+        if not match:
+            return
+        rank = rank_of(line, Source(source.name))  # prefix or "Rank N]" first, the file last
+        if rank is None:
+            said = _RANK_WORD.search(line, 0, match.start())
+            rank = int(said.group(1)) if said else source.rank_hint
+        if rank is None:
+            return
+        seconds = float(match["value"])
+        if match["ms"] or match["unit"] == "ms":
+            seconds /= 1000.0
+        key = match["key"].replace(" ", "_").replace("iteration_time", "iter_time")
+        self._add(key, rank, seconds, where, _PER_STEP)
+
+    def _deepspeed(self, line: str, where: Location) -> None:
+        match = _DEEPSPEED.search(line)
+        if not match:
+            return
+        rank = int(match["rank"])
+        for timer in _DEEPSPEED_TIMER.finditer(match["timers"]):
+            if not _WAITING_TIMER.search(timer["name"]):
+                self._add(timer["name"], rank, float(timer["value"]) / 1000.0, where, _PER_STEP)
+
+    def _dlrover(self, line: str, where: Location) -> None:
+        match = _DLROVER.search(line)
+        if not match:
+            return
+        for entry in _DLROVER_ENTRY.finditer(match["body"]):
+            value = float(entry["value"])
+            if value < _DLROVER_TIMEOUT:
+                node = int(entry["node"])
+                self._add("network_check_time", node, value, where, _REPORT, scope="node")
+
+    def _block_row(self, line: str, where: Location) -> bool:
+        """A line inside a Megatron block; False when the line is not part of it."""
+        self._block_lines += 1
+        if self._block_lines > _MAX_BLOCK_LINES:
+            return False
+        row = _MEGATRON_ROW.search(line)
+        if row:
+            timer = self._block_timer
+            if timer is not None and not _WAITING_TIMER.search(timer):
+                value = float(row["value"]) / 1000.0
+                self._add(timer, int(row["rank"]), value, where, _REPORT)
+            return True
+        name = _MEGATRON_NAME.search(line)
+        if name:
+            self._block_timer = name["name"]
+            return True
+        return False
+
+    def _add(
+        self,
+        metric: str,
+        rank: int,
+        seconds: float,
+        where: Location,
+        kind: str,
+        scope: str = "rank",
+    ) -> None:
+        series = bounded_get(
+            self._series,
+            (metric, rank),
+            lambda: _Series(deque(maxlen=_SAMPLES_PER_RANK), where, kind, scope),
+            self,
+        )
+        if series is not None:
+            series.samples.append(seconds)
+
+    # --- judging ----------------------------------------------------------------------------
+    def findings(self) -> list[Finding]:
+        by_metric: dict[str, dict[int, float]] = {}
+        for (metric, rank), series in self._series.items():
+            needed = MIN_REPORTS if series.kind == _REPORT else MIN_SAMPLES
+            if len(series.samples) >= needed:
+                by_metric.setdefault(metric, {})[rank] = statistics.median(series.samples)
+        slow: dict[int, list[tuple[float, str, float, float, int]]] = {}
+        for metric, medians in sorted(by_metric.items()):
+            if len(medians) < self.min_ranks:
+                continue
+            for rank, median in sorted(medians.items()):
+                peers = statistics.median(m for r, m in medians.items() if r != rank)
+                if peers <= 0 or median < peers * self.factor:
+                    continue
+                slow.setdefault(rank, []).append(
+                    (median / peers, metric, median, peers, len(medians))
+                )
+        return [
+            self._finding(rank, sorted(hits, reverse=True)) for rank, hits in sorted(slow.items())
+        ]
+
+    def _finding(self, rank: int, hits: list[tuple[float, str, float, float, int]]) -> Finding:
+        ratio, metric, median, peers, compared = hits[0]  # the timing it is slowest in
+        series = self._series[(metric, rank)]
+        fields = {
+            "rank": rank,
+            "scope": series.scope,
+            "metric": metric,
+            "median_seconds": round(median, 6),
+            "peer_median_seconds": round(peers, 6),
+            "slowdown": round(ratio, 3),
+            "samples": len(series.samples),
+            "ranks_compared": compared,
+            "slow_metrics": [hit[1] for hit in hits][:MAX_LISTED],
+        }
+        who = f"node {rank}" if series.scope == "node" else f"rank {rank}"
+        also = f"; also slow in {len(hits) - 1} other timing(s)" if len(hits) > 1 else ""
+        return Finding(
+            Failure.STRAGGLER,
+            f"{who} is {ratio:.2f}x slower than its peers ({metric} median "
+            f"{median:.3f}s vs {peers:.3f}s){also}",
+            series.first,
+            "Check that rank's node for GPU clock throttling (thermal/power), a slower "
+            "PCIe/NVLink path, CPU contention in its data loader, or a shared GPU. If the node "
+            "is at fault, exclude it and let torchrun elastic re-rendezvous; if it is "
+            "data-bound, raise DataLoader num_workers. In synchronous training only local "
+            "(compute) times differ between ranks; whole-step times are equal.",
+            fields,
+            len(series.samples),
+        )
