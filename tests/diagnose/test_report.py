@@ -377,3 +377,18 @@ def test_an_unknown_job_is_a_clear_error(
     assert code == 2
     err = capsys.readouterr().err
     assert "no trainguard series for job_id='no-such-job'" in err
+
+
+def test_a_gpu_fallen_off_the_bus_without_an_xid_drains_its_node(
+    history: History, tmp_path: Path
+) -> None:
+    kern = tmp_path / "kern.log"
+    kern.write_text(
+        "Jun 02 13:13:04 ok-a kernel: NVRM: GPU 0000:29:00.0: GPU has fallen off the bus.\n"
+    )
+    report = run(history, synthetic.HEALTHY, tmp_path, logs=[str(kern)])
+    (fault,) = [c for c in report.candidates if c.cause == "gpu_fallen_off_bus"]
+    assert fault.facts["node"] == "ok-a" and fault.facts["event"] == "fallen_off_bus"
+    assert fault.facts["drain"] == "now"  # like Xid 79, what it amounts to
+    assert fault.do_now[0].startswith("Drain node ok-a now")
+    assert Failure.GPU_FAULT in [s.failure for s in report.symptoms]

@@ -11,6 +11,7 @@ from trainguard.diagnose.context import Context, ranks_text, runs, utc
 from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Symptom
 from trainguard.diagnose.prometheus import Series
 from trainguard.diagnose.signals import harmful_throttle_reason, increments
+from trainguard.triage.xid import DRIVER_EVENTS, XidInfo, driver_event_drain
 from trainguard.triage.xid import lookup as xid_lookup
 
 
@@ -107,8 +108,10 @@ def _xid(ctx: Context, s: Series, t: float, amount: float) -> None:
 
 
 def _xid_from_log(ctx: Context, fields: dict[str, object], summary: str) -> None:
-    code = fields.get("xid")
-    if not isinstance(code, int):
+    """A kernel log's GPU fault: an Xid, or a failure the driver reports without one (a GPU
+    fallen off the bus, RmInitAdapter failed), which drains like the Xid it amounts to."""
+    code, event = fields.get("xid"), fields.get("event")
+    if not isinstance(code, int) and event not in DRIVER_EVENTS:
         return
     host = str(fields.get("host") or "")
     nodes = {n.split(".")[0]: n for n in ctx.sig.nodes}
@@ -118,11 +121,18 @@ def _xid_from_log(ctx: Context, fields: dict[str, object], summary: str) -> None
     node = nodes.get(host.split(".")[0], host) if host else ""
     gpu = f"PCI:{fields.get('pci', '?')}"
     ranks = ctx.sig.ranks_on(node)
-    _report_xid(ctx, node, gpu, code, None, [f"kernel log: {summary}"], ranks)
+    evidence = [f"kernel log: {summary}"]
+    if isinstance(code, int):
+        _report_xid(ctx, node, gpu, code, None, evidence, ranks)
+        return
+    assert isinstance(event, str)
+    driver = DRIVER_EVENTS[event]
+    info = XidInfo(driver.meaning, driver_event_drain(event), driver.advice)
+    _report_fault(ctx, node, gpu, event, info, None, evidence, ranks)
 
 
 def _drain_advice(
-    node: str, gpu: str, code: int, drain: str, t: float | None, ranks: list[int]
+    node: str, gpu: str, name: str, drain: str, t: float | None, ranks: list[int]
 ) -> str:
     commands = (
         f" (`scontrol update nodename={node} state=drain` / `kubectl cordon {node}`)"
@@ -137,7 +147,7 @@ def _drain_advice(
         "no": "The GPU is likely healthy: look at what "
         + (ranks_text(ranks) if ranks else "the job")
         + (f" ran at {utc(t)}." if t is not None else " ran."),
-    }.get(drain, f"Treat {where} as faulty and drain it until Xid {code} is known.")
+    }.get(drain, f"Treat {where} as faulty and drain it until {name} is understood.")
 
 
 def _report_xid(
@@ -149,18 +159,34 @@ def _report_xid(
     evidence: list[str],
     ranks: list[int],
 ) -> None:
-    info = xid_lookup(code)
+    _report_fault(ctx, node, gpu, code, xid_lookup(code), t, evidence, ranks)
+
+
+def _report_fault(
+    ctx: Context,
+    node: str,
+    gpu: str,
+    fault: int | str,
+    info: XidInfo,
+    t: float | None,
+    evidence: list[str],
+    ranks: list[int],
+) -> None:
+    """One GPU fault as a symptom and a cause: ``fault`` is the Xid, or the driver event a
+    kernel log reported without one."""
     for rank in ranks:
         stopped = ctx.stopped(rank)
         if stopped is not None:
             evidence.append(f"rank {rank} (GPU {gpu}) stopped reporting at {utc(stopped)}")
-    drain = _drain_advice(node, gpu, code, info.drain, t, ranks)
+    name = f"Xid {fault}" if isinstance(fault, int) else "the fault"
+    drain = _drain_advice(node, gpu, name, info.drain, t, ranks)
     node = node or "unknown"
     severity = 3 if info.drain in ("now", "unknown", "after_job") else 2
+    what = f"Xid {fault} ({info.meaning})" if isinstance(fault, int) else info.meaning
     ctx.symptom(
         Symptom(
             Failure.GPU_FAULT,
-            f"Xid {code} ({info.meaning}) on GPU {gpu} of node {node}",
+            f"{what} on GPU {gpu} of node {node}",
             [contract.GPU_XID_ERRORS.name if t is not None else "kernel log"],
             t,
             ranks,
@@ -176,15 +202,23 @@ def _report_xid(
             [gpu],
         ),
     )
+    key = f"xid_{fault}" if isinstance(fault, int) else f"gpu_{fault}"
+    title = f"Xid {fault} on node {node} GPU {gpu}: {info.meaning}"
+    facts: dict[str, object] = {"node": node, "gpu": gpu, "drain": info.drain, "ranks": ranks}
+    if isinstance(fault, int):
+        facts["xid"] = fault
+    else:
+        title = f"{info.meaning} on node {node} GPU {gpu}"
+        facts["event"] = fault
     ctx.candidate(
         Candidate(
-            f"xid_{code}",
-            f"Xid {code} on node {node} GPU {gpu}: {info.meaning}",
+            key,
+            title,
             0.95 if severity == 3 else 0.6,
             evidence,
             [drain],
             [info.advice],
-            {"node": node, "gpu": gpu, "xid": code, "drain": info.drain, "ranks": ranks},
+            facts,
         )
     )
 
