@@ -10,7 +10,8 @@ are read here, so that the exporter's ``trainguard_nccl_log_errors_total{kind}``
   level), searched anywhere in a line because pasted and collected logs put timestamps and
   ``[rank3]:`` in front of it;
 * :data:`VERSION` / :data:`VERSION_BYTES`: the version announcement;
-* :func:`classify`: the kind of an error line (``contract.NcclErrorKind``).
+* :func:`classify`: the kind of an error line (``contract.NcclErrorKind``), and
+  :func:`warning_kind` that of a ``WARN`` line from its parts after the prefix.
 
 Standard library only: triage runs wherever the logs are.
 
@@ -118,6 +119,12 @@ def classify(message: str) -> NcclErrorKind:
         if pattern.search(message):
             return kind
     return NcclErrorKind.OTHER
+
+
+def warning_kind(source: str | None, message: str) -> NcclErrorKind:
+    """The kind of a ``WARN`` line from what follows its prefix: the source file NCCL names
+    (``net_ib.cc``, ``socket.cc``, ``proxy.cc`` say as much as the text), then the message."""
+    return classify(f"{source or ''} {message}")
 
 
 ADVICE: dict[NcclErrorKind, str] = {

@@ -139,9 +139,9 @@ def test_warning_kinds_from_the_fixture() -> None:
         NcclErrorKind.SYSTEM: 1,
         NcclErrorKind.OTHER: 1,
     }
-    assert classify_warning(b"enqueue.cc:1 Cuda failure 'out of memory'") is NcclErrorKind.CUDA
+    assert classify_warning(b"enqueue.cc:1", b"Cuda failure 'out of memory'") is NcclErrorKind.CUDA
     # bytes that are not UTF-8 are still classified (latin-1 decodes anything)
-    assert classify_warning(b"\xff\xfe socket.cc:1 Connection refused") is NcclErrorKind.SOCKET
+    assert classify_warning(b"\xff\xfe socket.cc:1", b"Connection refused") is NcclErrorKind.SOCKET
 
 
 def test_nccl_2_18_multi_node_infiniband() -> None:

@@ -155,6 +155,13 @@ def alertmanager() -> Iterator[AlertmanagerStub]:
         server.server_close()
 
 
+# Stragglers' nodes excluded, a rank down restarted: the policy of the membership tests.
+EXCLUDE_STRAGGLERS: list[dict[str, Any]] = [
+    {"alert": "TrainingStraggler", "actions": [{"action": "exclude_node"}]},
+    {"alert": "TrainingRankDown", "actions": [{"action": "restart_from_checkpoint"}]},
+]
+
+
 def with_policy(settings: Settings, tmp_path: Path, rules: list[dict[str, Any]]) -> Settings:
     """``settings`` running ``rules`` as the policy, live, without approvals, verifying fast."""
     path = tmp_path / "policy.yaml"

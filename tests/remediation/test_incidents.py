@@ -20,7 +20,7 @@ from tests.remediation.conftest import (
     serve,
     wait_for,
 )
-from tests.remediation.fakes import with_policy
+from tests.remediation.fakes import EXCLUDE_STRAGGLERS, with_policy
 from trainguard import contract
 from trainguard.contract import Action
 from trainguard.remediation import incidents
@@ -126,14 +126,7 @@ def test_incident_routes_auth_404_and_filters(settings: Settings) -> None:
 def test_alerts_of_a_node_removed_on_purpose_are_not_acted_on(
     settings: Settings, tmp_path: Path, recorder: RecordingExecutor
 ) -> None:
-    live = with_policy(
-        settings,
-        tmp_path,
-        [
-            {"alert": "TrainingStraggler", "actions": [{"action": "exclude_node"}]},
-            {"alert": "TrainingRankDown", "actions": [{"action": "restart_from_checkpoint"}]},
-        ],
-    )
+    live = with_policy(settings, tmp_path, EXCLUDE_STRAGGLERS)
     with serve(live, recorder) as client:
         _send(client, alert("TrainingStraggler", fingerprint="s", job_id="j1", node="n1", rank="2"))
         wait_for(lambda: [a for _, a, _ in recorder.executed] == [Action.EXCLUDE_NODE])

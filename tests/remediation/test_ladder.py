@@ -24,7 +24,13 @@ from tests.remediation.conftest import (
     serve,
     wait_for,
 )
-from tests.remediation.fakes import DETECTED_AT, FakePrometheus, alertmanager, with_policy
+from tests.remediation.fakes import (
+    DETECTED_AT,
+    EXCLUDE_STRAGGLERS,
+    FakePrometheus,
+    alertmanager,
+    with_policy,
+)
 from trainguard import contract
 from trainguard.remediation.app import create_app
 from trainguard.remediation.settings import Settings
@@ -445,14 +451,7 @@ def test_a_plan_step_due_later_holds_rung_zero_and_joins_it(
 def test_a_removed_node_is_acted_on_again_once_it_is_back_in_its_job(
     settings: Settings, tmp_path: Path
 ) -> None:
-    live = with_policy(
-        settings,
-        tmp_path,
-        [
-            {"alert": "TrainingStraggler", "actions": [{"action": "exclude_node"}]},
-            {"alert": "TrainingRankDown", "actions": [{"action": "restart_from_checkpoint"}]},
-        ],
-    )
+    live = with_policy(settings, tmp_path, EXCLUDE_STRAGGLERS)
     prometheus = FakePrometheus(ranks={"n1": 2, "n2": 2})
     recorder = RecordingExecutor()
 

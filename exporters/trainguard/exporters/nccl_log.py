@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract import NcclErrorKind
-from trainguard.nccl_grammar import PREFIX_BYTES, VERSION_BYTES, classify
+from trainguard.nccl_grammar import PREFIX_BYTES, VERSION_BYTES, warning_kind
 
 _NET_USING = re.compile(rb"^NET/([^\s:]+) ?: Using (.*)$")
 _NET_DEVICE = re.compile(rb"\[\d+\]([^\s;]+)")
@@ -127,10 +127,10 @@ Record = (
 )
 
 
-def classify_warning(message: bytes) -> NcclErrorKind:
-    """The kind of a WARN line's message (latin-1 decodes any bytes, and every pattern is
-    ASCII, so undecodable garbage can only fail to match)."""
-    return classify(message.decode("latin-1"))
+def classify_warning(source: bytes | None, message: bytes) -> NcclErrorKind:
+    """The kind of a WARN line from its source file and message (latin-1 decodes any bytes,
+    and every pattern is ASCII, so undecodable garbage can only fail to match)."""
+    return warning_kind(source.decode("latin-1") if source else None, message.decode("latin-1"))
 
 
 def transport_of(via: bytes) -> str:
@@ -158,8 +158,7 @@ def parse_line(line: bytes) -> Record | None:
     pid, tid = int(prefix["pid"]), int(prefix["tid"])
     message = line[prefix.end() :].rstrip(b"\r")
     if prefix["level"] == b"WARN":
-        # The source file NCCL names (net_ib.cc, socket.cc, proxy.cc) says as much as the text.
-        return NcclWarning(pid, classify_warning((prefix["source"] or b"") + b" " + message))
+        return NcclWarning(pid, classify_warning(prefix["source"], message))
     if not (message.startswith(_INFO_STARTS) or message[:1].isdigit()):
         return None
     return _parse_info(pid, tid, message)

@@ -393,7 +393,7 @@ def _warn_kind(line: str, prefix: re.Match[str] | None) -> NcclErrorKind:
     message."""
     if prefix is None:
         return nccl_grammar.classify(line)
-    return nccl_grammar.classify(f"{prefix['source'] or ''} {line[prefix.end() :]}")
+    return nccl_grammar.warning_kind(prefix["source"], line[prefix.end() :])
 
 
 _DIGITS = re.compile(r"\d")
