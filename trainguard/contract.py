@@ -14,6 +14,7 @@ tensor name (unbounded cardinality).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 PREFIX = "trainguard_"
@@ -28,7 +29,6 @@ LABEL_PHASE = "phase"
 LABEL_COMPONENT = "component"
 LABEL_UUID = "uuid"
 LABEL_MODEL_NAME = "name"
-LABEL_PID = "pid"
 LABEL_REASON = "reason"
 LABEL_XID = "xid"
 LABEL_KIND = "kind"
@@ -344,7 +344,17 @@ RANK_METRICS: tuple[MetricSpec, ...] = (
 GPU_LABELS: tuple[str, ...] = (LABEL_GPU, LABEL_UUID, LABEL_MODEL_NAME)
 
 GPU_UTILIZATION = _gauge("gpu_utilization_ratio", "GPU busy ratio (0..1).", GPU_LABELS)
-GPU_MEMORY_USED = _gauge("gpu_memory_used_bytes", "GPU framebuffer memory used.", GPU_LABELS)
+GPU_MEMORY_USED = _gauge(
+    "gpu_memory_used_bytes",
+    "GPU framebuffer memory used by applications (includes the driver's reserved memory where "
+    "the driver cannot tell them apart: no trainguard_gpu_memory_reserved_bytes then).",
+    GPU_LABELS,
+)
+GPU_MEMORY_RESERVED = _gauge(
+    "gpu_memory_reserved_bytes",
+    "GPU framebuffer memory the driver and firmware reserve (never available to applications).",
+    GPU_LABELS,
+)
 GPU_MEMORY_TOTAL = _gauge("gpu_memory_total_bytes", "GPU framebuffer memory total.", GPU_LABELS)
 GPU_TEMPERATURE = _gauge("gpu_temperature_celsius", "GPU core temperature.", GPU_LABELS)
 GPU_POWER = _gauge("gpu_power_watts", "GPU power draw.", GPU_LABELS)
@@ -360,7 +370,10 @@ GPU_XID_ERRORS = _counter(
 GPU_ECC_ERRORS = _counter(
     "gpu_ecc_errors_total", "ECC errors (kind: corrected|uncorrected).", (*GPU_LABELS, LABEL_KIND)
 )
-NVML_UP = _gauge("nvml_up", "1 when NVML answered the last scrape.")
+NVML_UP = _gauge(
+    "nvml_up",
+    "1 when NVML answered the last reading; absent when the exporter reads no NVML (simulated).",
+)
 NCCL_INFO = _info(
     "nccl",
     "One NCCL communicator of one rank seen in NCCL debug logs: NCCL version, transports its "
@@ -393,8 +406,18 @@ GPU_SM_CLOCK = _gauge("gpu_sm_clock_hertz", "GPU SM clock.", GPU_LABELS)
 GPU_MEMORY_CLOCK = _gauge("gpu_memory_clock_hertz", "GPU memory clock.", GPU_LABELS)
 GPU_REMAPPED_ROWS = _gauge(
     "gpu_remapped_rows",
-    "Memory row remapping (kind: correctable|uncorrectable rows remapped, pending, failure).",
+    "Memory rows remapped, by the kind of error that caused it (kind: correctable|uncorrectable).",
     (*GPU_LABELS, LABEL_KIND),
+)
+GPU_ROW_REMAP_PENDING = _gauge(
+    "gpu_row_remap_pending",
+    "1 while a row remapping waits for the next GPU reset to take effect.",
+    GPU_LABELS,
+)
+GPU_ROW_REMAP_FAILURE = _gauge(
+    "gpu_row_remap_failure",
+    "1 when the GPU failed to remap a memory row (it needs service).",
+    GPU_LABELS,
 )
 GPU_PCIE_THROUGHPUT = _gauge(
     "gpu_pcie_throughput_bytes_per_second",
@@ -408,9 +431,39 @@ GPU_NVLINK_BYTES = _counter(
 )
 GPU_PROCESS_INFO = _info(
     "gpu_process_info",
-    "A process running on a GPU and its torchrun identity; join GPU series to rank series on "
-    "gpu or rank.",
-    (LABEL_GPU, LABEL_UUID, LABEL_PID, LABEL_JOB_ID, LABEL_RANK, LABEL_LOCAL_RANK),
+    "A torchrun rank with processes on a GPU (one series per GPU, job and rank; empty rank labels "
+    "for processes that are not ranks); join GPU series to rank series on gpu or rank.",
+    (LABEL_GPU, LABEL_UUID, LABEL_JOB_ID, LABEL_RANK, LABEL_LOCAL_RANK),
+)
+# GPU -> pod (the kubelet's pod-resources API) and GPU -> Slurm job (slurmd's cgroups).
+LABEL_POD = "pod"
+LABEL_CONTAINER = "container"
+LABEL_RESOURCE = "resource"  # a device plugin's resource name, e.g. nvidia.com/gpu
+LABEL_DEVICE_ID = "device_id"  # the device plugin's id: a GPU or MIG UUID, or an index
+LABEL_SLURM_STEP_ID = "slurm_step_id"  # 0, 1, ..., batch, extern, interactive
+GPU_POD_INFO = _info(
+    "gpu_pod_info",
+    "A GPU (or MIG device) the kubelet gave to a container; gpu and uuid are empty when the "
+    "device names no GPU this exporter sees.",
+    (
+        LABEL_GPU,
+        LABEL_UUID,
+        LABEL_POD,
+        LABEL_NAMESPACE,
+        LABEL_CONTAINER,
+        LABEL_RESOURCE,
+        LABEL_DEVICE_ID,
+    ),
+)
+GPU_SLURM_JOB_INFO = _info(
+    "gpu_slurm_job_info",
+    "A Slurm job step with processes on a GPU (one series per GPU, job and step).",
+    (LABEL_GPU, LABEL_UUID, LABEL_SLURM_JOB_ID, LABEL_SLURM_STEP_ID),
+)
+GPU_SLURM_UNMAPPED_PROCESSES = _gauge(
+    "gpu_slurm_unmapped_processes",
+    "GPU processes whose Slurm job could not be told (no Slurm cgroup, no SLURM_JOB_ID in a "
+    "readable environment): on a Slurm node, processes outside any job.",
 )
 NCCL_LOG_FILES = _gauge("nccl_log_files", "NCCL debug files being followed.")
 NCCL_LOG_BYTES = _counter("nccl_log_bytes_total", "Bytes read from NCCL debug files.")
@@ -433,18 +486,32 @@ EXPORTER_INFO = _info(
 )
 EXPORTER_COLLECTOR_DURATION = _gauge(
     "exporter_collector_duration_seconds",
-    "How long a collector took in the last scrape.",
+    "How long a collector took in the last sample (while it hangs: how long it has run).",
     (LABEL_COLLECTOR,),
 )
+# The collector that reads the GPU provider: its failure or timeout means NVML is not answering
+# (a hung call drops trainguard_nvml_up altogether), so GpuNvmlDown watches its success too.
+EXPORTER_COLLECTOR_GPU = "gpu"
 EXPORTER_COLLECTOR_SUCCESS = _gauge(
     "exporter_collector_success",
-    "1 when a collector succeeded in the last scrape, 0 when it failed.",
+    "1 when a collector succeeded in the last sample, 0 when it failed or timed out.",
     (LABEL_COLLECTOR,),
+)
+EXPORTER_COLLECTOR_TIMEOUTS = _counter(
+    "exporter_collector_timeouts_total",
+    "Samples in which a collector gave no answer within the sample timeout (its families are "
+    "left out; while one read hangs, every sample counts).",
+    (LABEL_COLLECTOR,),
+)
+EXPORTER_LAST_SAMPLE_TIMESTAMP = _gauge(
+    "exporter_last_sample_timestamp_seconds",
+    "When the served data was sampled (Unix time); its age is time() minus this.",
 )
 
 NODE_METRICS: tuple[MetricSpec, ...] = (
     GPU_UTILIZATION,
     GPU_MEMORY_USED,
+    GPU_MEMORY_RESERVED,
     GPU_MEMORY_TOTAL,
     GPU_TEMPERATURE,
     GPU_POWER,
@@ -460,9 +527,14 @@ NODE_METRICS: tuple[MetricSpec, ...] = (
     GPU_SM_CLOCK,
     GPU_MEMORY_CLOCK,
     GPU_REMAPPED_ROWS,
+    GPU_ROW_REMAP_PENDING,
+    GPU_ROW_REMAP_FAILURE,
     GPU_PCIE_THROUGHPUT,
     GPU_NVLINK_BYTES,
     GPU_PROCESS_INFO,
+    GPU_POD_INFO,
+    GPU_SLURM_JOB_INFO,
+    GPU_SLURM_UNMAPPED_PROCESSES,
     NCCL_LOG_FILES,
     NCCL_LOG_BYTES,
     NCCL_LOG_LINES_DROPPED,
@@ -471,6 +543,8 @@ NODE_METRICS: tuple[MetricSpec, ...] = (
     EXPORTER_INFO,
     EXPORTER_COLLECTOR_DURATION,
     EXPORTER_COLLECTOR_SUCCESS,
+    EXPORTER_COLLECTOR_TIMEOUTS,
+    EXPORTER_LAST_SAMPLE_TIMESTAMP,
 )
 
 
@@ -682,7 +756,13 @@ FAILURES: dict[Failure, FailureSpec] = {
             Failure.GPU_FAULT,
             "The GPU or its driver failed: an Xid, ECC errors, or NVML stopped answering.",
             alerts=(Alert.GPU_XID_ERROR, Alert.GPU_NVML_DOWN),
-            signals=(GPU_XID_ERRORS, GPU_ECC_ERRORS, GPU_REMAPPED_ROWS, NVML_UP),
+            signals=(
+                GPU_XID_ERRORS,
+                GPU_ECC_ERRORS,
+                GPU_REMAPPED_ROWS,
+                GPU_ROW_REMAP_FAILURE,
+                NVML_UP,
+            ),
             actions=(Action.DRAIN_NODE, Action.RECOMMEND),
             triage=_TRIAGE + "xid:XidDetector",
             diagnose=_DIAGNOSE + "gpu:analyse_faults",
@@ -813,6 +893,27 @@ ENV_SCHEDULER = "TRAINGUARD_SCHEDULER"
 ENV_EXPORTER_COLLECTOR_PREFIX = "TRAINGUARD_EXPORTER_COLLECTOR_"
 ENV_EXPORTER_LISTEN_ADDRESS = "TRAINGUARD_EXPORTER_LISTEN_ADDRESS"
 ENV_EXPORTER_NCCL_LOG_GLOB = "TRAINGUARD_EXPORTER_NCCL_LOG_GLOB"
+# Seconds between two readings of every collector, and how long one collector may take.
+ENV_EXPORTER_SAMPLE_INTERVAL = "TRAINGUARD_EXPORTER_SAMPLE_INTERVAL"
+ENV_EXPORTER_SAMPLE_TIMEOUT = "TRAINGUARD_EXPORTER_SAMPLE_TIMEOUT"
+# The kubelet's pod-resources socket (the exporter's kubelet collector; set by the DaemonSet).
+ENV_POD_RESOURCES_SOCKET = "TRAINGUARD_POD_RESOURCES_SOCKET"
+# torchrun's TORCHELASTIC_RUN_ID when no --rdzv-id was given: a placeholder, not an id.
+TORCHRUN_RUN_ID_UNSET = "none"
+
+
+def job_id_from_environment(env: Mapping[str, str]) -> str:
+    """A rank's job id from the environment it was started with ("" when none is set).
+
+    The one precedence the hook (the ``job_id`` label) and the exporter (its /proc join of GPU
+    processes to ranks) share: ``TRAINGUARD_JOB_ID``; else torchrun's ``TORCHELASTIC_RUN_ID``;
+    else Slurm's ``SLURM_JOB_ID``; torchrun's ``none`` placeholder only when nothing else is set.
+    """
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if run_id == TORCHRUN_RUN_ID_UNSET:
+        return env.get(ENV_JOB_ID) or env.get("SLURM_JOB_ID") or run_id
+    return env.get(ENV_JOB_ID) or run_id or env.get("SLURM_JOB_ID", "")
+
 
 # --- Prometheus scrape jobs, recording rules and alert labels (alerts/, deploy/) -----------
 # Scrape job names of deploy/prometheus.yml; rules select on them (``up{job=...}``).
@@ -1001,6 +1102,35 @@ REMEDIATION_ESCALATIONS = _counter(
     (LABEL_FAILURE, LABEL_ACTION),
 )
 
+# --- discovery without a shared file system (Prometheus http_sd_configs) ---------------------
+# Ranks and node exporters register their /metrics address with the remediation service, which
+# serves each kind's live registrations as one HTTP SD target list at DISCOVERY_PATH/<kind>.
+DISCOVERY_PATH = "/v1/discovery"
+
+
+class DiscoveryKind(str, enum.Enum):
+    """What registered a target: each kind is one target list and one scrape job."""
+
+    RANKS = "ranks"
+    EXPORTERS = "exporters"
+
+
+DISCOVERY_SCRAPE_JOBS: dict[DiscoveryKind, str] = {
+    DiscoveryKind.RANKS: SCRAPE_JOB_RANKS,
+    DiscoveryKind.EXPORTERS: SCRAPE_JOB_EXPORTER,
+}
+# The remediation service's base URL the hook and the exporter register with; unset: they do
+# not (file_sd alone). They present the token of TRAINGUARD_REMEDIATION_TOKEN.
+ENV_DISCOVERY_URL = "TRAINGUARD_DISCOVERY_URL"
+# How long a registration lives unless renewed; it is renewed every third of it.
+ENV_DISCOVERY_TTL = "TRAINGUARD_DISCOVERY_TTL_SECONDS"
+REMEDIATION_DISCOVERY_TARGETS = _gauge(
+    "remediation_discovery_targets",
+    "Targets registered for Prometheus' HTTP service discovery and not expired, by kind "
+    "(ranks|exporters).",
+    (LABEL_KIND,),
+)
+
 REMEDIATION_METRICS: tuple[MetricSpec, ...] = (
     REMEDIATION_ALERTS_RECEIVED,
     REMEDIATION_ALERTS_DEDUPLICATED,
@@ -1020,6 +1150,7 @@ REMEDIATION_METRICS: tuple[MetricSpec, ...] = (
     REMEDIATION_TIME_TO_ACT,
     REMEDIATION_TIME_TO_RECOVER,
     REMEDIATION_ESCALATIONS,
+    REMEDIATION_DISCOVERY_TARGETS,
 )
 # Read by the directive client of the training hook (the service reads the same variable).
 ENV_REMEDIATION_TOKEN = "TRAINGUARD_REMEDIATION_TOKEN"

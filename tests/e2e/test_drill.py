@@ -35,8 +35,11 @@ REPO = Path(__file__).resolve().parents[2]
 PLAN = "straggler:rank=2,at=15s,factor=1.5;hang:rank=1,at=45s;oom:rank=0,at=70s"
 STEPS = 650
 # Panels whose series only exist on hardware this machine does not have (a real NVIDIA GPU's
-# Xid/ECC/NVLink/throttling, NCCL's own logs): the simulated exporter cannot make them.
-NEEDS_REAL_HARDWARE = re.compile(r"xid|ecc|nvlink|remapped|pcie|clock_throttled|nccl_|DCGM_|energy")
+# Xid/ECC/NVLink/throttling, NVML's own health, NCCL's own logs): the simulated exporter cannot
+# make them (it reads no NVML, so it exports no trainguard_nvml_up).
+NEEDS_REAL_HARDWARE = re.compile(
+    r"xid|ecc|nvlink|remapped|pcie|clock_throttled|nvml_up|nccl_|DCGM_|energy"
+)
 
 
 def _free_ports() -> Ports:

@@ -45,6 +45,7 @@ def test_every_gpu_is_exported_with_its_identity_and_base_units(fake: FakeProvid
     assert one(samples, contract.GPU_ECC_ERRORS.name, kind="corrected", **gpu3) == 3
     assert one(samples, contract.GPU_ECC_ERRORS.name, kind="uncorrected", **gpu3) == 0
     assert one(samples, contract.GPU_REMAPPED_ROWS.name, kind="correctable", **gpu3) == 0
+    assert one(samples, contract.GPU_MEMORY_RESERVED.name, **gpu3) == 512 * 2**20
     assert one(samples, contract.GPU_PCIE_THROUGHPUT.name, direction="rx", **gpu3) == 2.28e9
     assert one(samples, contract.GPU_NVLINK_BYTES.name, direction="tx", **gpu3) > 4e12
     assert one(samples, contract.GPU_UP.name, **gpu3) == 1.0
@@ -159,9 +160,10 @@ def test_dcgm_compat_names_labels_and_units(fake: FakeProvider) -> None:
         "gpu": "2",
         "UUID": fake.identity(2).uuid,
         "modelName": "NVIDIA H100 80GB HBM3",
-        "Hostname": "gpu-node-07",
+        "hostname": "gpu-node-07",
         "device": "nvidia2",
         "pci_bus_id": "00000000:38:00.0",
+        "DCGM_FI_DRIVER_VERSION": "550.90.07",
     }
     assert one(samples, "DCGM_FI_DEV_FB_USED", **labels) == 52_000 + 2 * 1024  # MiB
     assert one(samples, "DCGM_FI_DEV_GPU_UTIL", **labels) == pytest.approx(70.0)  # percent

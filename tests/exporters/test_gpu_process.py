@@ -27,29 +27,46 @@ from trainguard.exporters.simulated import SimulatedProvider
 
 def test_processes_on_each_gpu_are_mapped_to_their_rank() -> None:
     provider = FakeProvider(gpus=4)
-    provider.processes = {0: (3001,), 1: (3002, 9999), 3: (3004,)}
+    # GPU 1: rank 9, its second CUDA process (forked helper) and a process that is no rank.
+    provider.processes = {0: (3001,), 1: (3002, 3012, 9999), 3: (3004,)}
     processes = StaticProcesses(
         [
             TrainingProcess(3001, rank_env(8, 0)),
             TrainingProcess(3002, rank_env(9, 1, TRAINGUARD_JOB_ID="job-a")),
+            TrainingProcess(3012, rank_env(9, 1, TRAINGUARD_JOB_ID="job-a")),
             TrainingProcess(3004, rank_env(11, 3)),
         ]
     )
     context = make_context(provider, processes)
     registry, _ = registry_of({"gpu_process": GpuProcessCollector(context)})
     info = values(scrape(registry), "trainguard_gpu_process_info")
-    rows = sorted(dict(labels)["pid"] + ":" + dict(labels)["rank"] for labels in info)
-    assert rows == ["3001:8", "3002:9", "3004:11", "9999:"]  # 9999: not a torchrun rank
-    by_pid = {dict(k)["pid"]: dict(k) for k in info}
-    assert by_pid["3002"] == {
+    rows = sorted(dict(labels)["gpu"] + ":" + dict(labels)["rank"] for labels in info)
+    assert rows == ["0:8", "1:", "1:9", "3:11"]  # one series per GPU and rank, not per pid
+    assert all("pid" not in dict(labels) for labels in info)
+    by_rank = {dict(k)["rank"]: dict(k) for k in info}
+    assert by_rank["9"] == {
         "gpu": "1",
         "uuid": provider.identity(1).uuid,
-        "pid": "3002",
         "job_id": "job-a",
         "rank": "9",
         "local_rank": "1",
     }
-    assert by_pid["3001"]["job_id"] == "llama-7b-run-42"
+    assert by_rank["8"]["job_id"] == "llama-7b-run-42"
+    assert by_rank[""]["job_id"] == ""  # not a torchrun rank
+
+
+def test_a_restarted_rank_keeps_its_series() -> None:
+    provider = FakeProvider(gpus=1)
+    provider.processes = {0: (4001,)}
+    processes = StaticProcesses([TrainingProcess(4001, rank_env(2, 0))])
+    registry, _ = registry_of(
+        {"gpu_process": GpuProcessCollector(make_context(provider, processes))}
+    )
+    before = values(scrape(registry), "trainguard_gpu_process_info")
+    provider.processes = {0: (4777,)}  # torchrun restarted the worker: a new pid
+    processes.processes = [TrainingProcess(4777, rank_env(2, 0))]
+    after = values(scrape(registry), "trainguard_gpu_process_info")
+    assert before == after and len(after) == 1
 
 
 @pytest.fixture

@@ -311,6 +311,9 @@ def test_collector_follows_in_a_child_process(tmp_path: Path) -> None:
         time.sleep(0.05)
     pid = source.pid
     assert pid is not None
+    # Lowered by the parent as soon as it started, not by the child after its imports.
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(own + 10, 19)
     os.kill(pid, signal.SIGKILL)  # a dead follower is restarted and the scrape says so
     while source.pid == pid or not source.snapshot().bytes_read:
         samples = scrape(registry)

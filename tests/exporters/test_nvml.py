@@ -42,7 +42,8 @@ def test_real_gpus_give_sane_readings() -> None:
             assert isinstance(result, GpuSample), result
             assert result.identity.uuid.startswith(("GPU-", "MIG-"))
             assert 0.0 <= result.utilization_ratio <= 1.0
-            assert 0 < result.memory_used_bytes <= result.memory_total_bytes
+            # v2's used leaves the driver's reserved memory out: 0 on an idle GPU
+            assert 0 <= result.memory_used_bytes <= result.memory_total_bytes
             assert 0.0 < result.temperature_celsius < 120.0
             if result.power_watts is not None:
                 assert 0.0 < result.power_watts < 2000.0
@@ -50,6 +51,10 @@ def test_real_gpus_give_sane_readings() -> None:
                 assert 1e8 < result.sm_clock_hertz < 5e9
             if result.energy_joules is not None:
                 assert result.energy_joules > 0
+            # memory info v2 (drivers since R510): reserved apart from used, all within total
+            assert result.memory_reserved_bytes is not None and result.memory_reserved_bytes > 0
+            assert result.memory_free_bytes >= 0
+            assert result.identity.driver_version.split(".")[0].isdigit()
         assert provider.identities()
         assert gpu_count() == len(results)
         time.sleep(1.5)  # the Xid thread waits in 1 s slices; it must still be alive
@@ -73,7 +78,7 @@ def test_real_exporter_on_a_gpu_maps_a_cuda_process_to_its_rank() -> None:
             deadline = time.monotonic() + 60
             while True:
                 samples = running.scrape()
-                mapping = values(samples, "trainguard_gpu_process_info", pid=str(child.pid))
+                mapping = values(samples, "trainguard_gpu_process_info", job_id="gpu-test")
                 if mapping or time.monotonic() > deadline:
                     break
                 time.sleep(1)
@@ -84,3 +89,23 @@ def test_real_exporter_on_a_gpu_maps_a_cuda_process_to_its_rank() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpm_activity_is_measured_between_two_samples_on_hopper() -> None:
+    provider = NvmlProvider()
+    try:
+        first = [r for r in provider.sample() if isinstance(r, GpuSample)]
+        if not provider._gpm:
+            pytest.skip(f"no GPU here has GPM (Hopper or newer): {first[0].identity.name}")
+        assert all(r.activity.sm_active is None for r in first)  # one snapshot, no interval
+        time.sleep(1.0)
+        second = [r for r in provider.sample() if isinstance(r, GpuSample)]
+        for index in provider._gpm:
+            activity = second[index].activity
+            for ratio in (activity.graphics_active, activity.sm_active, activity.tensor_active):
+                assert ratio is not None and 0.0 <= ratio <= 1.0, activity
+            assert activity.dram_active is not None
+    finally:
+        provider.close()

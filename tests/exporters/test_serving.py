@@ -7,7 +7,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from trainguard.exporters.serving import PROMETHEUS_SCRAPE_ACCEPT, scrape_app
+from trainguard.exporters.serving import (
+    PROMETHEUS_SCRAPE_ACCEPT,
+    Exposition,
+    WsgiApp,
+    metrics_app,
+)
 
 
 def _call(app: Any, method: str = "GET", **headers: str) -> tuple[str, dict[str, str], bytes]:
@@ -28,6 +33,11 @@ def _registry() -> CollectorRegistry:
     for gpu in range(64):
         gauge.labels(str(gpu)).set(40 + gpu)
     return registry
+
+
+def scrape_app(registry: CollectorRegistry) -> WsgiApp:
+    exposition = Exposition.render(registry)
+    return metrics_app(lambda: exposition)
 
 
 def test_openmetrics_asked_text_answered() -> None:

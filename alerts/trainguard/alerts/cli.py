@@ -1,5 +1,8 @@
 """``trainguard rules``: render the rules file from a thresholds file, or check it.
 
+``--format prometheus-rule`` writes the same rules as a Prometheus Operator ``PrometheusRule``
+(``deploy/kubernetes/operator/prometheusrule.yaml`` in the repository).
+
 PyYAML is imported only when the command runs, so ``trainguard --help`` needs no extra.
 """
 
@@ -10,6 +13,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "trainguard.rules.yml"
+FORMATS = ("rules", "prometheus-rule")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -22,8 +27,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         type=Path,
-        default=HERE / "trainguard.rules.yml",
-        help="rules file to write (default: alerts/trainguard/alerts/trainguard.rules.yml)",
+        default=None,
+        help="file to write (default for --format rules: "
+        "alerts/trainguard/alerts/trainguard.rules.yml)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="rules",
+        help="rules: a Prometheus rules file; prometheus-rule: a Prometheus Operator "
+        "PrometheusRule manifest (then --out is required)",
     )
     parser.add_argument(
         "--check",
@@ -33,19 +46,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainguard.alerts.kubernetes import render_prometheus_rule
     from trainguard.alerts.rules import render
     from trainguard.thresholds import Thresholds, ThresholdsError
 
+    if args.format == "prometheus-rule" and args.out is None:
+        print("trainguard rules: --format prometheus-rule needs --out", file=sys.stderr)
+        return 2
+    renderer = render_prometheus_rule if args.format == "prometheus-rule" else render
     try:
-        text = render(Thresholds.load(args.thresholds))
+        text = renderer(Thresholds.load(args.thresholds))
     except (OSError, ThresholdsError) as error:
         print(f"trainguard rules: {error}", file=sys.stderr)
         return 2
-    out: Path = args.out
+    out: Path = args.out or DEFAULT_OUT
     if args.check:
         current = out.read_text() if out.exists() else ""
         if current != text:
-            print(f"trainguard rules: {out} is stale; run `trainguard rules`", file=sys.stderr)
+            again = "" if args.format == "rules" else f" --format {args.format} --out {out}"
+            print(
+                f"trainguard rules: {out} is stale; run `trainguard rules{again}`", file=sys.stderr
+            )
             return 1
         return 0
     out.write_text(text)

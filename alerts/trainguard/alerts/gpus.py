@@ -63,7 +63,12 @@ def _nvml_down(t: Thresholds) -> AlertRule:
         alert=Alert.GPU_NVML_DOWN,
         severity=Severity.WARNING,
         expr=on_scheduler_of_node(
-            f"max by ({N}) ({c.NVML_UP.name}) == 0\nor\nmax by ({N}) ({EXPORTER_UP}) == 0"
+            f"max by ({N}) ({c.NVML_UP.name}) == 0\nor\n"
+            # A hung NVML call: the gpu collector times out and its series (nvml_up among
+            # them) are dropped, so only the collector's success says so.
+            f"max by ({N}) ({c.EXPORTER_COLLECTOR_SUCCESS.name}"
+            f'{{{c.LABEL_COLLECTOR}="{c.EXPORTER_COLLECTOR_GPU}"}}) == 0\n'
+            f"or\nmax by ({N}) ({EXPORTER_UP}) == 0"
         ),
         for_=t.nvml_down_for,
         summary="No GPU telemetry from node {{ $labels.node }}",

@@ -71,7 +71,8 @@ def ranks_on_node() -> str:
 def ranks_on_gpu() -> str:
     """Annotation text naming the ranks on ``$labels.gpu`` (the exporter's process map), or
     else every rank of the node."""
-    selector = f'{contract.GPU_PROCESS_INFO.name}{{{N}="%s",{G}="%s"}}'
+    # Processes that are not ranks share one series per GPU with empty rank labels.
+    selector = f'{contract.GPU_PROCESS_INFO.name}{{{N}="%s",{G}="%s",{contract.LABEL_RANK}!=""}}'
     return (
         "{{ with query (printf `"
         + selector

@@ -1,8 +1,10 @@
 """The ``trainguard-exporter`` process (also ``trainguard exporter``): one per node.
 
 Chooses the GPU provider (NVML, or the simulated one only when ``--simulate-gpus`` asks for
-it), builds the enabled collectors, registers them behind one :class:`ScrapeSupervisor` and
-serves ``/metrics`` until SIGTERM or SIGINT. Nothing touches hardware before the first scrape.
+it), builds the enabled collectors, registers them behind one :class:`ScrapeSupervisor`, and
+has a :class:`Sampler` read them every ``--sample.interval`` seconds; ``/metrics`` serves the
+last sample until SIGTERM or SIGINT. The server is bound first (a busy port fails before any
+hardware is touched), then the first sample is taken, then connections are accepted.
 
 Each collector has ``--collector.NAME`` / ``--no-collector.NAME``; without either flag,
 ``TRAINGUARD_EXPORTER_COLLECTOR_NAME=1|0`` decides, then the collector's default.
@@ -22,8 +24,14 @@ from pathlib import Path
 from types import FrameType
 
 from trainguard import contract
+from trainguard.exporters import discovery
 
 DEFAULT_LISTEN_ADDRESS = ":9835"
+# Defined here rather than in sampler.py and registry.py, which import prometheus_client:
+# --help works without it. 5 s: each 15 s scrape sees a reading taken since the last one
+# (docs/exporter.md, "Why 5 s").
+DEFAULT_SAMPLE_INTERVAL_SECONDS = 5.0
+DEFAULT_COLLECTOR_TIMEOUT_SECONDS = 3.0
 DEFAULT_NCCL_LOG_GLOB = "/var/log/nccl/*.log"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -42,6 +50,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get(contract.ENV_EXPORTER_LISTEN_ADDRESS, DEFAULT_LISTEN_ADDRESS),
         help="[host]:port to serve /metrics on (port 0: any free port). "
         f"Env {contract.ENV_EXPORTER_LISTEN_ADDRESS}. Default %(default)s.",
+    )
+    parser.add_argument(
+        "--sample.interval",
+        dest="sample_interval",
+        metavar="SECONDS",
+        help="seconds between two readings of every collector; scrapes serve the last one. "
+        f"Env {contract.ENV_EXPORTER_SAMPLE_INTERVAL}. "
+        f"Default {DEFAULT_SAMPLE_INTERVAL_SECONDS:g}.",
+    )
+    parser.add_argument(
+        "--sample.timeout",
+        dest="sample_timeout",
+        metavar="SECONDS",
+        help="how long one collector may take before it is abandoned and counted as timed out "
+        f"(at most the interval). Env {contract.ENV_EXPORTER_SAMPLE_TIMEOUT}. "
+        f"Default {DEFAULT_COLLECTOR_TIMEOUT_SECONDS:g}, or the interval if shorter.",
     )
     parser.add_argument(
         "--nccl.log-glob",
@@ -66,7 +90,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node",
         default=socket.gethostname(),
-        help="this node's name (dcgm-compat Hostname label). Default: the hostname.",
+        help="this node's name (dcgm-compat hostname label). Default: the hostname.",
     )
     parser.add_argument(
         "--proc-root",
@@ -86,6 +110,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         choices=["ecs", "text"],
         help="ECS JSON (to $TRAINGUARD_LOG_FILE, else stdout) or text on stderr (default ecs)",
     )
+    discovery.configure(parser)
     try:
         from trainguard.exporters.registry import registered
     except ImportError:  # the exporter extra is not installed: no collector flags to offer
@@ -125,6 +150,40 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _seconds(flag: str, value: str | None, env: str) -> float | None:
+    """A positive number of seconds from the flag, else the env variable, else ``None``."""
+    text, source = (value, flag) if value is not None else (os.environ.get(env), env)
+    if text is None or not text.strip():
+        return None
+    problem = f"{source} {text!r}: expected a positive number of seconds"
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ValueError(problem) from None
+    if not 0 < seconds < float("inf"):  # also refuses nan
+        raise ValueError(problem)
+    return seconds
+
+
+def sample_timing(args: argparse.Namespace) -> tuple[float, float]:
+    """The sample interval and the collector timeout: flag, else env, else default."""
+    interval = _seconds(
+        "--sample.interval", args.sample_interval, contract.ENV_EXPORTER_SAMPLE_INTERVAL
+    )
+    timeout = _seconds(
+        "--sample.timeout", args.sample_timeout, contract.ENV_EXPORTER_SAMPLE_TIMEOUT
+    )
+    interval = DEFAULT_SAMPLE_INTERVAL_SECONDS if interval is None else interval
+    if timeout is None:
+        return interval, min(DEFAULT_COLLECTOR_TIMEOUT_SECONDS, interval)
+    if timeout > interval:
+        raise ValueError(
+            f"the collector timeout ({timeout:g} s) must not exceed the sample interval "
+            f"({interval:g} s)"
+        )
+    return interval, timeout
+
+
 def _log_globs(args: argparse.Namespace) -> tuple[str, ...]:
     if args.nccl_log_globs:
         return tuple(args.nccl_log_globs)
@@ -156,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
         ScrapeSupervisor,
         registered,
     )
-    from trainguard.exporters.serving import serve_metrics
+    from trainguard.exporters.sampler import Sampler
+    from trainguard.exporters.serving import metrics_server, serve_in_background
     from trainguard.logs import configure_process_logging
 
     configure_process_logging(
@@ -167,7 +227,9 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         host, port = parse_listen_address(args.listen_address)
+        interval, timeout = sample_timing(args)
         names = enabled_collectors(args)
+        registering = discovery.settings(args)
     except ValueError as error:
         print(f"trainguard-exporter: {error}", file=sys.stderr)
         return 2
@@ -190,12 +252,15 @@ def run(args: argparse.Namespace) -> int:
     )
     context = ExporterContext(provider, processes, SysfsHost(args.sys_root), settings)
     specs = registered()
-    supervisor = ScrapeSupervisor({n: specs[n].factory(context) for n in names}, provider.kind)
+    supervisor = ScrapeSupervisor(
+        {n: specs[n].factory(context) for n in names}, provider.kind, timeout=timeout
+    )
     registry = CollectorRegistry()
     registry.register(supervisor)
     ProcessCollector(registry=registry)  # the exporter's own CPU and memory
+    sampler = Sampler(registry, interval)
     try:
-        server, _ = serve_metrics(registry, host, port)
+        server = metrics_server(sampler.current, host, port)
     except OSError as error:
         print(
             f"trainguard-exporter: cannot listen on {args.listen_address}: {error}", file=sys.stderr
@@ -203,7 +268,10 @@ def run(args: argparse.Namespace) -> int:
         supervisor.close()
         provider.close()
         return 1
+    sampler.start()  # the first sample, before any connection is accepted
+    serve_in_background(server)
     bound = server.server_address[1]
+    registration = discovery.start(registering, host, bound, args.node)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     print(
         f"trainguard-exporter listening on http://{shown}:{bound}/metrics "
@@ -219,8 +287,11 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     stop.wait()
+    if registration is not None:
+        registration.stop()
     server.shutdown()
     server.server_close()
+    sampler.close()
     supervisor.close()
     provider.close()
     log.info("stopped")

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from trainguard.exporters.provider import (
+    GpuActivity,
     GpuFailure,
     GpuIdentity,
     GpuSample,
@@ -20,6 +21,8 @@ from trainguard.exporters.provider import (
 )
 
 H100_MEMORY_BYTES = 81_559 * 1024 * 1024  # what NVML reports for an H100 80GB HBM3
+H100_RESERVED_BYTES = 512 * 1024 * 1024  # memory info v2's "reserved" (driver and firmware)
+DRIVER_VERSION = "550.90.07"
 
 
 @dataclass
@@ -30,7 +33,8 @@ class FakeProvider:
     (no driver).
     ``lost``: indices whose GPU fell off the bus. ``failing``: index -> NVML error message.
     ``processes``: index -> pids running there. ``xids``: (index, xid) -> count, in the order
-    they happened.
+    they happened. It stands for NVML (``reads_nvml``), so ``trainguard_nvml_up`` follows
+    ``unavailable``.
     """
 
     gpus: int = 8
@@ -42,6 +46,7 @@ class FakeProvider:
     xids: dict[tuple[int, int], int] = field(default_factory=dict)
     throttled: dict[int, frozenset[ThrottleReason]] = field(default_factory=dict)
     kind: str = "fake"
+    reads_nvml: bool = True
     samples_taken: int = 0
 
     def identity(self, index: int) -> GpuIdentity:
@@ -50,6 +55,7 @@ class FakeProvider:
             uuid=f"GPU-5c3e7f2a-{index:04x}-4d1b-9a6e-0123456789{index:02x}",
             name=self.model,
             pci_bus_id=f"00000000:{0x18 + 0x10 * index:02X}:00.0",
+            driver_version=DRIVER_VERSION,
         )
 
     def _sample_one(self, index: int) -> GpuSample:
@@ -59,6 +65,7 @@ class FakeProvider:
             utilization_ratio=util,
             memory_used_bytes=(52_000 + 1_024 * index) * 1024 * 1024,
             memory_total_bytes=H100_MEMORY_BYTES,
+            memory_reserved_bytes=H100_RESERVED_BYTES,
             temperature_celsius=58.0 + index,
             power_watts=455.5 + 10 * index,
             energy_joules=1.25e9 + 1.0e6 * index,
@@ -80,6 +87,18 @@ class FakeProvider:
             pcie_replay_total=0,
             nvlink_tx_bytes_total=4_500_000_000_000 + index * 1_000_000,
             nvlink_rx_bytes_total=4_400_000_000_000 + index * 1_000_000,
+            activity=GpuActivity(
+                graphics_active=0.90 + 0.01 * index,
+                sm_active=0.80 + 0.01 * index,
+                sm_occupancy=0.375,
+                tensor_active=0.40 + 0.02 * index,
+                dram_active=0.30 + 0.01 * index,
+                fp64_active=0.0,
+                fp32_active=0.0625,
+                fp16_active=0.015625,
+                nvlink_tx_bytes_per_second=1.25e11 + 1e9 * index,
+                nvlink_rx_bytes_per_second=1.5e11 + 1e9 * index,
+            ),
             process_ids=self.processes.get(index, ()),
         )
 

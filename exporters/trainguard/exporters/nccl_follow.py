@@ -52,8 +52,6 @@ class PollingSource:
 
 def follow(globs: Sequence[str], interval: float, conn: Connection) -> None:
     """The child process: poll, send what changed, wait; until the parent goes away."""
-    # Reading a backlog is background work: on a busy node the scrapes should get the CPU.
-    os.nice(_NICENESS)
     follower = LogFollower(globs, NcclLogState())
     last: NcclSnapshot | None = None
     try:
@@ -101,6 +99,14 @@ class ChildProcessSource:
             daemon=True,
         )
         process.start()
+        # Reading a backlog is background work: on a busy node the scrapes should get the CPU.
+        # Lowered from here, at once, because the child's own interpreter start-up (imports)
+        # already competed with the first scrape when it reniced itself.
+        with contextlib.suppress(OSError):  # it already exited; the next snapshot restarts it
+            assert process.pid is not None
+            os.setpriority(
+                os.PRIO_PROCESS, process.pid, os.getpriority(os.PRIO_PROCESS, 0) + _NICENESS
+            )
         child.close()
         self._process, self._conn = process, parent
 

@@ -3,7 +3,9 @@
 Process environments come from ``/proc/<pid>/environ``: the environment a process was started
 with (what torchrun handed it), not later changes made inside Python. Other users' processes
 are unreadable without privileges; they are counted, not fatal. Both sources are Protocols so
-tests give made-up processes and hosts.
+tests give made-up processes and hosts. :class:`ProcfsSource` also reads one process's
+``cgroup`` and ``environ`` on demand (:class:`ProcessFiles`), for collectors that look up the
+processes NVML lists rather than the training ranks.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from trainguard import contract
 
@@ -38,7 +40,7 @@ class TrainingProcess:
 
     @property
     def job_id(self) -> str:
-        return self.environ.get(contract.ENV_JOB_ID) or self.environ.get("TORCHELASTIC_RUN_ID", "")
+        return contract.job_id_from_environment(self.environ)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,16 @@ class ProcessScan:
 
 class ProcessSource(Protocol):
     def scan(self) -> ProcessScan: ...
+
+
+@runtime_checkable
+class ProcessFiles(Protocol):
+    """One process's ``/proc`` files, read when asked; ``None`` when the process is gone or
+    the file cannot be read (another user's environment without privileges)."""
+
+    def cgroup(self, pid: int) -> str | None: ...
+
+    def environ(self, pid: int) -> dict[str, str] | None: ...
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,18 @@ class ProcfsSource:
                 found.append(TrainingProcess(int(entry.name), environ, ppid))
         found.sort(key=lambda p: p.pid)
         return ProcessScan(ranks_only(found), unreadable)
+
+    def cgroup(self, pid: int) -> str | None:
+        try:
+            return (self.proc_root / str(pid) / "cgroup").read_text(errors="replace")
+        except OSError:  # gone (ENOENT, ESRCH) or unreadable
+            return None
+
+    def environ(self, pid: int) -> dict[str, str] | None:
+        try:
+            return parse_environ((self.proc_root / str(pid) / "environ").read_bytes())
+        except OSError:
+            return None
 
 
 @dataclass

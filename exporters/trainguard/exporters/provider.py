@@ -42,23 +42,53 @@ class ThrottleReason(str, enum.Enum):
 
 @dataclass(frozen=True)
 class GpuIdentity:
-    """What stays the same for a GPU while the driver is loaded."""
+    """What stays the same for a GPU while the driver is loaded (``driver_version``: the
+    loaded driver's, empty when unknown)."""
 
     index: int
     uuid: str
     name: str
     pci_bus_id: str
+    driver_version: str = ""
+
+
+@dataclass(frozen=True)
+class GpuActivity:
+    """What the GPU's units did between two samples, as ratios of time or cycles (0..1), and
+    NVLink throughput; ``None`` where the GPU cannot tell.
+
+    On a real GPU these come from NVML's GPU Performance Monitoring (GPM, Hopper and newer),
+    which measures over the interval between two samples, so the first sample has none.
+    """
+
+    graphics_active: float | None = None
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    fp64_active: float | None = None
+    fp32_active: float | None = None
+    fp16_active: float | None = None
+    nvlink_tx_bytes_per_second: float | None = None
+    nvlink_rx_bytes_per_second: float | None = None
 
 
 @dataclass(frozen=True)
 class GpuSample:
-    """One GPU at one scrape. ``None`` means the GPU does not support that reading."""
+    """One GPU at one scrape. ``None`` means the GPU does not support that reading.
+
+    ``memory_used_bytes`` is what applications hold; ``memory_reserved_bytes`` what the driver
+    and firmware keep for themselves. Drivers that cannot tell them apart (no NVML memory info
+    v2) count the reserved memory as used and leave ``memory_reserved_bytes`` ``None``, so
+    ``total - used - (reserved or 0)`` is always the free memory.
+    """
 
     identity: GpuIdentity
     utilization_ratio: float
     memory_used_bytes: int
     memory_total_bytes: int
     temperature_celsius: float
+    memory_reserved_bytes: int | None = None
     power_watts: float | None = None
     energy_joules: float | None = None
     sm_clock_hertz: float | None = None
@@ -79,7 +109,12 @@ class GpuSample:
     pcie_replay_total: int | None = None
     nvlink_tx_bytes_total: int | None = None
     nvlink_rx_bytes_total: int | None = None
+    activity: GpuActivity = field(default_factory=GpuActivity)
     process_ids: tuple[int, ...] = field(default=())
+
+    @property
+    def memory_free_bytes(self) -> int:
+        return self.memory_total_bytes - self.memory_used_bytes - (self.memory_reserved_bytes or 0)
 
 
 @dataclass(frozen=True)
@@ -108,11 +143,16 @@ class GpuProvider(Protocol):
     """Where GPU readings come from.
 
     ``kind`` names the provider in ``trainguard_exporter_info{provider}``: ``nvml``,
-    ``simulated`` or ``fake``.
+    ``simulated`` or ``fake``. ``reads_nvml`` says whether its readings stand for NVML's, and
+    so whether ``trainguard_nvml_up`` means anything: the simulated provider reads no NVML and
+    the exporter leaves that series out rather than claim an NVML it never asked.
     """
 
     @property
     def kind(self) -> str: ...
+
+    @property
+    def reads_nvml(self) -> bool: ...
 
     def sample(self) -> list[GpuSample | GpuFailure]:
         """Read every GPU; raises :class:`ProviderUnavailableError` when nothing can be read."""

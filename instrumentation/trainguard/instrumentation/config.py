@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from trainguard import contract
+from trainguard.discovery import DEFAULT_TTL_SECONDS
 
 DEFAULT_METRICS_PORT = 9400
 DEFAULT_STALL_FLOOR_SECONDS = 30.0
@@ -113,12 +114,51 @@ def detect_placement(
 
 
 @dataclass(frozen=True)
+class LaunchedAs:
+    """What the launcher told this process about its place in the job; ``None``: nothing."""
+
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+
+
+# Each launcher's names for (rank, local rank, world size).
+_TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+_SRUN_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
+
+
+def launched_as(env: Mapping[str, str]) -> LaunchedAs:
+    """The rank, local rank and world size from the launcher's environment.
+
+    torchrun's ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``, each where set, else those of an
+    srun task: ``SLURM_PROCID``, ``SLURM_LOCALID`` and ``SLURM_NTASKS`` (``srun`` without
+    torchrun, one task per GPU). Under srun + torchrun a worker has both sets and torchrun's
+    are the right ones: Slurm's describe the one torchrun task of each node. Slurm's count only
+    in a step srun launched (``SLURM_STEP_ID`` set): a batch script's ``SLURM_NTASKS``
+    describes the job, not the script. A value that is not an integer is a ``ValueError``.
+    """
+    in_srun_step = "SLURM_STEP_ID" in env
+    values: list[int | None] = []
+    for torchrun, srun in zip(_TORCHRUN_VARS, _SRUN_VARS, strict=True):
+        name = torchrun if torchrun in env or not in_srun_step else srun
+        raw = env.get(name)
+        try:
+            values.append(int(raw) if raw is not None else None)
+        except ValueError:
+            raise ValueError(f"{name}={raw!r} is not an integer") from None
+    rank, local_rank, world_size = values
+    return LaunchedAs(rank, local_rank, world_size)
+
+
+@dataclass(frozen=True)
 class InstrumentationConfig:
     """Everything :func:`trainguard.instrument` can be told; ``None`` means "from the environment".
 
     Attributes:
         job_id: names the job in every series, span and event. Default: ``TRAINGUARD_JOB_ID``,
-            else torchrun's ``TORCHELASTIC_RUN_ID``, else a random id (logged).
+            else torchrun's ``TORCHELASTIC_RUN_ID``, else Slurm's ``SLURM_JOB_ID`` (which also
+            beats torchrun's ``none``, its value without ``--rdzv-id``), else a random id
+            (logged); see :func:`trainguard.contract.job_id_from_environment`.
         metrics_port: base port of this rank's ``/metrics``; the rank serves on base + local
             rank and moves to the next free port if that one is taken. ``0`` picks any free
             port, ``-1`` serves nothing (metrics stay in the registry). Default
@@ -151,6 +191,12 @@ class InstrumentationConfig:
             ``TRAINGUARD_REMEDIATION_TOKEN``.
         scheduler: what launched the job (``local``, ``kubernetes`` or ``slurm``); default
             ``TRAINGUARD_SCHEDULER``, else detected (see :func:`detect_placement`).
+        discovery_url: the remediation service to register this rank's ``/metrics`` with, for
+            Prometheus' HTTP service discovery (no shared file system needed); default
+            ``TRAINGUARD_DISCOVERY_URL``; unset registers nowhere. Its bearer token comes from
+            ``TRAINGUARD_REMEDIATION_TOKEN``.
+        discovery_ttl_seconds: how long the registration outlives this rank's last renewal
+            (renewed every third of it); default ``TRAINGUARD_DISCOVERY_TTL_SECONDS`` or 60.
     """
 
     job_id: str | None = None
@@ -174,6 +220,8 @@ class InstrumentationConfig:
     start_step: int = 0
     remediation_url: str | None = None
     scheduler: str | None = None
+    discovery_url: str | None = None
+    discovery_ttl_seconds: float | None = None
 
     def resolve_identity(
         self,
@@ -182,25 +230,38 @@ class InstrumentationConfig:
         *,
         agree_job_id: Callable[[str], str] | None = None,
         device_index: int | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> Identity:
-        """Who this rank is. Without a job id from the arguments or the environment, a random
+        """Who this rank is, each field from the first that says: the arguments of
+        :func:`trainguard.instrument`; the process group (``rank`` and ``world_size``; ``rank``
+        is ``None`` without one); the launcher's environment (:func:`launched_as`: torchrun's,
+        else an srun task's). Without a job id from the arguments or the environment, a random
         one is proposed and ``agree_job_id`` (the ranks' shared store) makes every rank use
-        rank 0's. Without ``LOCAL_RANK`` (no torchrun) the local rank is the CUDA device index,
-        else the global rank, so ranks on one host still differ."""
-        env = os.environ
-        resolved_rank = self.rank if self.rank is not None else rank
-        if resolved_rank is None:
-            resolved_rank = int(env.get("RANK", "0"))
-        job_id = self.job_id or env.get(contract.ENV_JOB_ID) or env.get("TORCHELASTIC_RUN_ID")
+        rank 0's. Without a local rank from either launcher, it is the CUDA device index, else
+        the global rank, so ranks on one host still differ. The node is ``TRAINGUARD_NODE``,
+        else Slurm's ``SLURMD_NODENAME`` (the name scontrol drains), else the host name."""
+        env = os.environ if env is None else env
+        launched = launched_as(env)
+        resolved_rank = next(
+            (r for r in (self.rank, rank, launched.rank) if r is not None),
+            0,
+        )
+        job_id = self.job_id or contract.job_id_from_environment(env)
         if not job_id:
             proposal = f"job-{uuid.uuid4().hex[:8]}"
             job_id = agree_job_id(proposal) if agree_job_id is not None else proposal
-        local_rank = self.local_rank
-        if local_rank is None and "LOCAL_RANK" in env:
-            local_rank = int(env["LOCAL_RANK"])
-        if local_rank is None:
-            local_rank = device_index if device_index is not None else resolved_rank
-        node = self.node or env.get(contract.ENV_NODE) or socket.gethostname()
+        local_rank = next(
+            (r for r in (self.local_rank, launched.local_rank, device_index) if r is not None),
+            resolved_rank,
+        )
+        if rank is None:  # no process group: the launcher says how many ranks there are
+            world_size = launched.world_size or world_size
+        node = (
+            self.node
+            or env.get(contract.ENV_NODE)
+            or env.get("SLURMD_NODENAME")
+            or socket.gethostname()
+        )
         return Identity(
             job_id=job_id,
             rank=resolved_rank,
@@ -242,6 +303,15 @@ class InstrumentationConfig:
 
     def resolved_remediation_url(self) -> str | None:
         return self.remediation_url or os.environ.get(contract.ENV_REMEDIATION_URL) or None
+
+    def resolved_discovery_url(self) -> str | None:
+        return self.discovery_url or os.environ.get(contract.ENV_DISCOVERY_URL) or None
+
+    def resolved_discovery_ttl(self) -> float:
+        """Raises ValueError for a value that is not a number."""
+        if self.discovery_ttl_seconds is not None:
+            return self.discovery_ttl_seconds
+        return float(os.environ.get(contract.ENV_DISCOVERY_TTL) or DEFAULT_TTL_SECONDS)
 
     def resolved_tracing(self) -> bool:
         """Tracing is on when asked for, or when an OTLP endpoint is configured."""

@@ -32,12 +32,15 @@ from prometheus_client import CollectorRegistry
 from torch.nn.parallel import DistributedDataParallel
 
 from trainguard import contract, correlation
+from trainguard.discovery import Registration
 from trainguard.events import log_event
 
 from . import flight_recorder, parallel, tracing
 from .comm_hook import BucketTimer, CommHook
 from .config import Identity, InstrumentationConfig
 from .directives import Directive, DirectiveCallback, DirectiveClient
+from .discovery import COMPONENT as DISCOVERY
+from .discovery import register_rank
 from .errors import ErrorBudget
 from .memory import MemorySampler
 from .metrics import CollectiveProgressCollector, RankMetrics
@@ -158,6 +161,7 @@ class Instrumentation:
         self._tracer_provider: TracerProvider | None = None
         self._exporter_logs: tracing.ExporterLogLimiter | None = None
         self._endpoint: MetricsEndpoint | None = None
+        self._registration: Registration | None = None
         self._watchdog: CollectiveWatchdog | None = None
         self._wrapped_forward_ref: Callable[..., Any] | None = None
         self._wrapped_step_ref: Callable[..., Any] | None = None
@@ -312,6 +316,12 @@ class Instrumentation:
         if self._exporter_logs is not None:
             self._exporter_logs.detach()
             self._exporter_logs = None
+        if self._registration is not None:
+            # Withdrawn before the endpoint closes: Prometheus drops the target at its next
+            # refresh instead of seeing it down.
+            with self.errors.guard(DISCOVERY):
+                self._registration.stop()
+            self._registration = None
         if self._endpoint is not None:
             with self.errors.guard("metrics_server"):
                 self._endpoint.close()
@@ -584,14 +594,30 @@ class Instrumentation:
         with self.errors.guard("metrics_server"):
             base = port + self.identity.local_rank if port else 0
             self._endpoint = serve_metrics(self.registry, addr, base)
+        if self._endpoint is None:
+            return
+        # One target and one set of labels for every way of announcing it.
+        host = advertised_host(addr)
+        target = (
+            f"[{host}]:{self._endpoint.port}" if ":" in host else f"{host}:{self._endpoint.port}"
+        )
+        labels = self.identity.labels()
         sd_dir = self.config.resolved_file_sd_dir()
-        if self._endpoint is not None and sd_dir is not None:
+        if sd_dir is not None:
             with self.errors.guard("file_sd"):
                 self._endpoint.file_sd_path = write_file_sd(
-                    sd_dir,
-                    f"{self.identity.job_id}-rank{self.identity.rank}",
-                    f"{advertised_host(addr)}:{self._endpoint.port}",
-                    self.identity.labels(),
+                    sd_dir, f"{self.identity.job_id}-rank{self.identity.rank}", target, labels
+                )
+        url = self.config.resolved_discovery_url()
+        if url is not None:
+            with self.errors.guard(DISCOVERY):
+                self._registration = register_rank(
+                    url,
+                    target,
+                    labels,
+                    self.config.resolved_discovery_ttl(),
+                    self.errors,
+                    self.metrics.instrumentation_errors,
                 )
 
     def _collective_progress(self) -> tuple[int, int] | None:

@@ -20,7 +20,7 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainguard import __version__
-from trainguard.remediation import api, report_api, reports
+from trainguard.remediation import api, discovery, discovery_api, report_api, reports
 from trainguard.remediation.deps import Runtime
 from trainguard.remediation.engine import Engine, Guards
 from trainguard.remediation.executors import Executor, RecommendExecutor
@@ -158,6 +158,7 @@ def create_app(
         store = Store(database, synchronous=settings.sqlite_synchronous)
         metrics = Metrics(store, settings.dry_run)
         metrics.prime(policy)
+        metrics.registry.register(discovery.TargetsCollector(store))
         hub = DirectiveHub(
             asyncio.get_running_loop(),
             listening_seconds=settings.long_poll_max_seconds + LISTENING_GRACE_SECONDS,
@@ -237,6 +238,7 @@ def create_app(
     )
     app.include_router(api.router)
     app.include_router(report_api.router)
+    app.include_router(discovery_api.router)
 
     async def invalid(request: Request, exc: Exception) -> Response:
         runtime: Runtime | None = getattr(request.app.state, "runtime", None)

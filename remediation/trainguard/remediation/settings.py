@@ -169,6 +169,23 @@ class Settings(BaseSettings):
         "human has before the incident closes unrecovered.",
     )
 
+    # --- HTTP service discovery of ranks and exporters (GET/POST/DELETE /v1/discovery/<kind>) ---
+    discovery_max_targets: int = Field(
+        default=20000,
+        ge=1,
+        description="The most live registrations of one kind (ranks, exporters); more are "
+        "refused with 429, so that no client can blow up Prometheus' target list.",
+    )
+    discovery_max_targets_per_job: int = Field(
+        default=10000, ge=1, description="The most live rank registrations of one job_id."
+    )
+    discovery_max_ttl_seconds: float = Field(
+        default=3600.0,
+        ge=1,
+        description="The longest TTL a registration may ask for (a dead process stays listed "
+        "that long).",
+    )
+
     @model_validator(mode="after")
     def _grace_outlasts_an_execution(self) -> Settings:
         # Only replicas sharing a Postgres database take over from one another.

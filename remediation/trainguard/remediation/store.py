@@ -266,6 +266,22 @@ removal_states = Table(
     Column("vacated_at", Float),
     Column("rejoined_at", Float),
 )
+# Targets registered for Prometheus' HTTP service discovery (trainguard.remediation.discovery):
+# one row per (kind, address), served until it expires. ``job_id`` is the rank's label, for the
+# per-job bound.
+discovery_targets = Table(
+    "discovery_targets",
+    metadata,
+    Column("kind", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("job_id", Text),
+    Column("labels", Text, nullable=False),
+    Column("renewed_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    PrimaryKeyConstraint("kind", "target"),
+    Index("discovery_targets_expiry", "expires_at"),
+    Index("discovery_targets_job", "kind", "job_id"),
+)
 
 _BATCH = 512
 # Readers are the request threads (FastAPI's pool of 40) and the worker.

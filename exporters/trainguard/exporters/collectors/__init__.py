@@ -1,5 +1,12 @@
 """The collectors of the node exporter; importing this package registers each of them."""
 
-from trainguard.exporters.collectors import gpu, gpu_process, nccl, nccl_config
+from trainguard.exporters.collectors import (
+    gpu,
+    gpu_process,
+    kubelet,
+    nccl,
+    nccl_config,
+    slurm_job,
+)
 
-__all__ = ["gpu", "gpu_process", "nccl", "nccl_config"]
+__all__ = ["gpu", "gpu_process", "kubelet", "nccl", "nccl_config", "slurm_job"]

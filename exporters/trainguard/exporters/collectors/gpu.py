@@ -3,7 +3,13 @@
 Every GPU series is labelled ``gpu`` (index), ``uuid`` and ``name`` (model). A reading a GPU
 does not support is left out for that GPU rather than exported as 0. When the provider cannot
 answer at all, ``trainguard_nvml_up 0`` is still exported and the collector fails; a GPU lost
-mid-run gets ``trainguard_gpu_up 0`` and the other GPUs are exported as usual.
+mid-run gets ``trainguard_gpu_up 0`` and the other GPUs are exported as usual. A provider that
+reads no NVML (the simulated one) gets no ``trainguard_nvml_up`` at all: a 1 there would claim
+an NVML that was never asked.
+
+Remapped rows are two kinds of thing, kept in separate families so that sums mean something:
+row counts (``trainguard_gpu_remapped_rows{kind=correctable|uncorrectable}``) and 0/1 states
+(``trainguard_gpu_row_remap_pending``, ``trainguard_gpu_row_remap_failure``).
 
 Xid errors (``trainguard_gpu_xid_errors_total{xid}``) are the driver's error codes, counted
 since the exporter started. The ones seen most in training clusters: 13 graphics engine
@@ -41,6 +47,7 @@ _GAUGES = (
     contract.GPU_UP,
     contract.GPU_UTILIZATION,
     contract.GPU_MEMORY_USED,
+    contract.GPU_MEMORY_RESERVED,
     contract.GPU_MEMORY_TOTAL,
     contract.GPU_TEMPERATURE,
     contract.GPU_POWER,
@@ -48,6 +55,8 @@ _GAUGES = (
     contract.GPU_MEMORY_CLOCK,
     contract.GPU_CLOCK_THROTTLED,
     contract.GPU_REMAPPED_ROWS,
+    contract.GPU_ROW_REMAP_PENDING,
+    contract.GPU_ROW_REMAP_FAILURE,
     contract.GPU_PCIE_THROUGHPUT,
 )
 
@@ -68,21 +77,25 @@ class GpuCollector:
         return families
 
     def describe(self) -> Iterator[Metric]:
-        yield gauge_family(contract.NVML_UP)
+        if self._context.provider.reads_nvml:
+            yield gauge_family(contract.NVML_UP)
         yield from self._families().values()
         if self._context.settings.dcgm_compat:
             yield from dcgm.families()
 
     def collect(self) -> Iterator[Metric]:
+        reads_nvml = self._context.provider.reads_nvml
         up = gauge_family(contract.NVML_UP)
         try:
             results = self._context.gpu_samples()
         except Exception:
-            up.add_metric([], 0.0)
-            yield up
+            if reads_nvml:
+                up.add_metric([], 0.0)
+                yield up
             raise
-        up.add_metric([], 1.0)
-        yield up
+        if reads_nvml:
+            up.add_metric([], 1.0)
+            yield up
         families = self._families()
         identities = dict(self._context.provider.identities())
         samples: list[GpuSample] = []
@@ -119,6 +132,7 @@ class GpuCollector:
 
         put(contract.GPU_UTILIZATION, sample.utilization_ratio)
         put(contract.GPU_MEMORY_USED, sample.memory_used_bytes)
+        put(contract.GPU_MEMORY_RESERVED, sample.memory_reserved_bytes)
         put(contract.GPU_MEMORY_TOTAL, sample.memory_total_bytes)
         put(contract.GPU_TEMPERATURE, sample.temperature_celsius)
         put(contract.GPU_POWER, sample.power_watts)
@@ -136,8 +150,8 @@ class GpuCollector:
         put(contract.GPU_ECC_ERRORS, sample.ecc_uncorrected_total, "uncorrected")
         put(contract.GPU_REMAPPED_ROWS, sample.remapped_rows_correctable, "correctable")
         put(contract.GPU_REMAPPED_ROWS, sample.remapped_rows_uncorrectable, "uncorrectable")
-        put(contract.GPU_REMAPPED_ROWS, sample.remapped_rows_pending, "pending")
-        put(contract.GPU_REMAPPED_ROWS, sample.remapped_rows_failure, "failure")
+        put(contract.GPU_ROW_REMAP_PENDING, sample.remapped_rows_pending)
+        put(contract.GPU_ROW_REMAP_FAILURE, sample.remapped_rows_failure)
         put(contract.GPU_PCIE_THROUGHPUT, sample.pcie_tx_bytes_per_second, "tx")
         put(contract.GPU_PCIE_THROUGHPUT, sample.pcie_rx_bytes_per_second, "rx")
         put(contract.GPU_NVLINK_BYTES, sample.nvlink_tx_bytes_total, "tx")
@@ -147,6 +161,9 @@ class GpuCollector:
         """The provider is shared with other collectors; the exporter closes it."""
 
 
-@register("gpu", "GPU readings through the GPU provider (NVML), Xid errors, trainguard_nvml_up.")
+@register(
+    contract.EXPORTER_COLLECTOR_GPU,
+    "GPU readings through the GPU provider (NVML), Xid errors, trainguard_nvml_up.",
+)
 def _factory(context: ExporterContext) -> GpuCollector:
     return GpuCollector(context)

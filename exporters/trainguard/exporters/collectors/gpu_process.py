@@ -1,12 +1,18 @@
 """The ``gpu_process`` collector: which training rank runs on which GPU.
 
 NVML lists the compute processes of each GPU; their environments (``/proc/<pid>/environ``) say
-which torchrun rank they are. ``trainguard_gpu_process_info{gpu,uuid,pid,job_id,rank,local_rank}``
-is 1 for each, so a GPU series joins its rank's series in PromQL, e.g.
-``trainguard_gpu_temperature_celsius * on(gpu) group_left(rank, job_id)
-trainguard_gpu_process_info``. A process that is not a torchrun rank (or whose environment is
-unreadable) is listed with empty rank labels. The exporter must see the host's PID namespace
-(``hostPID: true`` in Kubernetes) for NVML's pids to match ``/proc``.
+which torchrun rank they are. ``trainguard_gpu_process_info{gpu,uuid,job_id,rank,local_rank}``
+is 1 for each rank with processes on the GPU, so a GPU series joins its rank's series in PromQL,
+e.g. ``trainguard_gpu_temperature_celsius * on(node, gpu) group_left(rank, job_id)
+trainguard_gpu_process_info{rank!=""}``.
+
+There is one series per GPU, job and rank, whatever the number of processes: a rank with a
+second CUDA process (a helper it forked, or the old process of a restart still exiting) keeps
+one series, so the join above keeps matching one series per GPU, and a restarted rank keeps its
+series rather than starting a new one per pid. Processes that are not torchrun ranks (or whose
+environment is unreadable) share one series per GPU with empty rank labels; the join leaves them
+out with ``{rank!=""}``. The exporter must see the host's PID namespace (``hostPID: true`` in
+Kubernetes) for NVML's pids to match ``/proc``.
 """
 
 from __future__ import annotations
@@ -37,20 +43,20 @@ class GpuProcessCollector:
         samples = [s for s in self._context.gpu_samples() if isinstance(s, GpuSample)]
         ranks = {p.pid: p for p in self._context.process_scan().processes}
         family = _family()
+        seen: set[tuple[str, ...]] = set()
         for sample in samples:
             for pid in sample.process_ids:
                 proc = ranks.get(pid)
-                family.add_metric(
-                    [
-                        str(sample.identity.index),
-                        sample.identity.uuid,
-                        str(pid),
-                        proc.job_id if proc else "",
-                        proc.rank if proc else "",
-                        proc.local_rank if proc else "",
-                    ],
-                    {},
+                labels = (
+                    str(sample.identity.index),
+                    sample.identity.uuid,
+                    proc.job_id if proc else "",
+                    proc.rank if proc else "",
+                    proc.local_rank if proc else "",
                 )
+                if labels not in seen:
+                    seen.add(labels)
+                    family.add_metric(list(labels), {})
         yield family
 
     def close(self) -> None:
