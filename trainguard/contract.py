@@ -340,6 +340,28 @@ RANK_METRICS: tuple[MetricSpec, ...] = (
     RANK_INFO,
 )
 
+# --- cardinality budget of one rank ----------------------------------------------------------
+# The series one rank's /metrics may hold by default (what Prometheus stores per scrape; a
+# 4,096-rank job at 80 is some 330k series). A test (tests/instrumentation/test_budget.py)
+# instruments real models and fails past it. Histograms that keep their buckets by default
+# (their quantiles feed dashboards, exemplars and diagnose; few buckets, docs/instrumentation.md):
+BUCKETED_HISTOGRAMS: tuple[MetricSpec, ...] = (
+    STEP_DURATION,
+    GRAD_SYNC_DURATION,
+    PARAM_GATHER_DURATION,
+)
+# Histograms whose buckets are opt-in detail (ENV_METRICS_DETAIL): by default they are exposed
+# as summaries without quantiles, i.e. the same _sum and _count series (what the rules' means
+# read) and no _bucket series.
+DETAIL_HISTOGRAMS: tuple[MetricSpec, ...] = (
+    STEP_PHASE_DURATION,
+    STEP_COMPUTE_DURATION,
+    SYNC_WAIT_DURATION,
+)
+RANK_SERIES_BUDGET = 80
+# With the detail on: the bound the same test holds the detailed exposition to.
+RANK_DETAIL_SERIES_BUDGET = 130
+
 # --- nodes (emitted by trainguard.exporters) ------------------------------------------------
 GPU_LABELS: tuple[str, ...] = (LABEL_GPU, LABEL_UUID, LABEL_MODEL_NAME)
 
@@ -887,6 +909,11 @@ ENV_DUMP_DIR = "TRAINGUARD_DUMP_DIR"
 ENV_NODE = "TRAINGUARD_NODE"
 ENV_STALL_FLOOR = "TRAINGUARD_STALL_FLOOR_SECONDS"
 ENV_REMEDIATION_URL = "TRAINGUARD_REMEDIATION_URL"
+# Opt-in detail on a rank's /metrics (see RANK_SERIES_BUDGET): "1" turns on the bucketed
+# phase / compute / sync-wait histograms (metrics_detail=True), and per-bucket gradient sync
+# timing through a comm hook (per_bucket=True).
+ENV_METRICS_DETAIL = "TRAINGUARD_METRICS_DETAIL"
+ENV_PER_BUCKET = "TRAINGUARD_PER_BUCKET"
 # Overrides the detected scheduler (one of SCHEDULERS).
 ENV_SCHEDULER = "TRAINGUARD_SCHEDULER"
 # The node exporter: TRAINGUARD_EXPORTER_COLLECTOR_<NAME>=0|1 switches a collector.
@@ -945,6 +972,12 @@ REC_JOB_STEPS_RATE = "job:trainguard_steps:rate5m"
 REC_JOB_OLDEST_INFLIGHT = "job:trainguard_collective_oldest_inflight_seconds:max"
 REC_JOB_STALL_THRESHOLD = "job:trainguard_collective_oldest_inflight_seconds:stall_threshold"
 REC_JOB_COLLECTIVE_LAGGARD = "job:trainguard_collectives_launched:laggard_rank"
+# Per-job bucket rates (the job's quantiles read these, never the ranks' raw buckets), and the
+# job's newest last step with the rank whose last step is oldest (the stall alert reads these).
+REC_JOB_STEP_DURATION_BUCKET_RATE = "job_le:trainguard_step_duration_seconds_bucket:rate5m"
+REC_JOB_GRAD_SYNC_BUCKET_RATE = "job_le:trainguard_grad_sync_duration_seconds_bucket:rate5m"
+REC_JOB_LAST_STEP = "job:trainguard_last_step_timestamp_seconds:max"
+REC_JOB_STALEST_RANK = "job:trainguard_last_step_timestamp_seconds:stalest_rank"
 # One series per job (per node) carrying the scheduler labels of its ranks' rank_info.
 REC_JOB_SCHEDULER = "job:trainguard_rank_info:scheduler_labels"
 # Reliability: success rate and MTTR over each window (the service's incident metrics).

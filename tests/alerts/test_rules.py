@@ -259,6 +259,11 @@ def test_rule_tests_cover_firing_and_silence_for_every_alert() -> None:
         assert document["rule_files"] == ["../../alerts/trainguard/alerts/trainguard.rules.yml"], (
             path
         )
+        # The groups run as Prometheus lays them out: recording rules before the alerts that
+        # read them (promtool's order is otherwise unspecified).
+        assert document["group_eval_order"] == [
+            g["name"] for g in rules.groups(thresholds.load_default())
+        ], path
         for group in document["tests"]:
             for case in group.get("alert_rule_test", []):
                 (fires if case.get("exp_alerts") else silent).add(case["alertname"])

@@ -50,9 +50,9 @@ def _nccl_timeout(t: Thresholds) -> AlertRule:
 
 def _stalled(t: Thresholds) -> AlertRule:
     """No rank completes a step, labelled with the rank whose last step is oldest."""
-    last_step = f"(max by ({RANK}) ({c.LAST_STEP_TIMESTAMP.name}) > 0)"
-    stalled = f"min by ({J}) (time() - {last_step}) > {num(t.stalled_seconds)}"
-    stalest = f"topk by ({J}) (1, time() - {last_step})"
+    # Both read per-job recorded series: no pass over every rank's last step here.
+    stalled = f"time() - {c.REC_JOB_LAST_STEP} > {num(t.stalled_seconds)}"
+    stalest = c.REC_JOB_STALEST_RANK
     return AlertRule(
         alert=Alert.TRAINING_STALLED,
         severity=Severity.CRITICAL,

@@ -1,9 +1,13 @@
 """The recording rules: per-rank and per-job series every alert, dashboard and diagnosis reads.
 
-They run first in the main rule group, in this order (later rules read earlier ones), so every
-alert of an evaluation reads the recording rules of that same evaluation. The reliability
-rules (the remediation service's success rate and MTTR over an hour to a week) feed dashboards
-only, so they run in a group of their own, once a minute.
+Two groups, so that each stays bounded as a job grows (docs/alerts.md#how-the-rules-scale):
+``rank_rules`` read the ranks' raw series, once each, and keep per-rank means and per-job
+aggregates (bucket rates, the oldest collective, the last step); ``job_rules`` read recorded
+series only (per-job medians and quantiles, each rank's ratio to its job's median joined on the
+job). Within a group rules run in order (later rules read earlier ones); the alert group reads
+both, at most one evaluation interval behind. The reliability rules (the remediation service's
+success rate and MTTR over an hour to a week) feed dashboards only, so they run in a group of
+their own, once a minute.
 """
 
 from __future__ import annotations
@@ -65,25 +69,83 @@ def _schedulers(t: Thresholds) -> list[Rule]:
     ]
 
 
-def _step_times(w: str) -> list[Rule]:
-    """Step, compute, sync-wait and phase times per rank, and each rank against its job's median."""
+def _rank_step_times(w: str) -> list[Rule]:
+    """Step, compute, sync-wait and phase times per rank, from the ranks' raw series."""
     c = contract
-    fwd_data = f'{c.REC_RANK_PHASE_MEAN}{{{PHASE}=~"{c.Phase.DATA.value}|{c.Phase.FORWARD.value}"}}'
+    phase_mean = c.REC_RANK_PHASE_MEAN
+    data = f'{phase_mean}{{{PHASE}="{c.Phase.DATA.value}"}}'
+    forward = f'{phase_mean}{{{PHASE}="{c.Phase.FORWARD.value}"}}'
+    fwd_data = f"{data}\nor\n{forward}"
     return [
         (c.REC_RANK_STEPS_RATE, f"sum by ({RANK}) (rate({c.STEPS.name}[{w}]))"),
-        (c.REC_JOB_STEPS_RATE, f"max by ({J}) ({c.REC_RANK_STEPS_RATE})"),
         (c.REC_RANK_STEP_DURATION_MEAN, mean(c.STEP_DURATION.name, RANK, w)),
         (c.REC_RANK_COMPUTE_MEAN, mean(c.STEP_COMPUTE_DURATION.name, RANK, w)),
         (c.REC_RANK_SYNC_WAIT_MEAN, mean(c.SYNC_WAIT_DURATION.name, RANK, w)),
         (c.REC_RANK_PHASE_MEAN, mean(c.STEP_PHASE_DURATION.name, f"{RANK}, {PHASE}", w)),
         # Compute time split by phase: data and forward as measured; backward compute is what
         # is left of the compute time, since the backward phase also holds the wait on peers.
+        # Equality matchers on the recorded means (no regex over the ranks' series).
         (
             c.REC_RANK_PHASE_COMPUTE_MEAN,
             f"{fwd_data}\nor\nlabel_replace(\n  clamp_min(\n    {c.REC_RANK_COMPUTE_MEAN}\n"
-            f"    - on ({RANK})\n    sum by ({RANK}) ({fwd_data}),\n"
+            f"    - on ({RANK})\n    sum by ({RANK}) ({data} or {forward}),\n"
             f'    0\n  ),\n  "{PHASE}", "{c.Phase.BACKWARD.value}", "", ""\n)',
         ),
+        (
+            c.REC_RANK_DATA_WAIT_RATIO,
+            f"{data}\n/ on ({RANK})\n{c.REC_RANK_STEP_DURATION_MEAN}",
+        ),
+    ]
+
+
+def _rank_latencies_and_memory(w: str) -> list[Rule]:
+    """The one pass over the ranks' histogram buckets (per job, or per rank for the dashboards'
+    per-rank gradient sync), and memory headroom."""
+    c = contract
+    return [
+        (
+            c.REC_JOB_STEP_DURATION_BUCKET_RATE,
+            f"sum by ({J}, le) (rate({c.STEP_DURATION.bucket_name}[{w}]))",
+        ),
+        (
+            c.REC_JOB_GRAD_SYNC_BUCKET_RATE,
+            f"sum by ({J}, le) (rate({c.GRAD_SYNC_DURATION.bucket_name}[{w}]))",
+        ),
+        (c.REC_RANK_GRAD_SYNC_P99, quantile(0.99, c.GRAD_SYNC_DURATION.name, RANK, w)),
+        (
+            c.REC_RANK_MEMORY_HEADROOM,
+            f"1 - sum by ({RANK}) ({c.MEMORY_RESERVED.name})\n"
+            f"/ sum by ({RANK}) ({c.MEMORY_CAPACITY.name} > 0)",
+        ),
+    ]
+
+
+def _rank_hangs() -> list[Rule]:
+    """Per job, from the ranks' raw series: the oldest collective in flight, the rank a hang
+    waits for, the newest last step and the rank whose last step is oldest."""
+    c = contract
+    last_step = f"max by ({RANK}) ({c.LAST_STEP_TIMESTAMP.name} > 0)"
+    return [
+        (c.REC_JOB_OLDEST_INFLIGHT, f"max by ({J}) ({c.COLLECTIVE_OLDEST_INFLIGHT.name})"),
+        # The rank a hang waits for: fewest collectives launched, and among equals the one with
+        # no collective in flight (+0.5 for having one keeps launched counts dominant).
+        (
+            c.REC_JOB_COLLECTIVE_LAGGARD,
+            f"bottomk by ({J}) (\n  1,\n  sum by ({RANK}) ({c.COLLECTIVES_LAUNCHED.name})\n"
+            f"  + on ({RANK})\n  0.5 * clamp_max(sum by ({RANK}) "
+            f"({c.COLLECTIVE_INFLIGHT.name}), 1)\n)",
+        ),
+        (c.REC_JOB_LAST_STEP, f"max by ({J}) ({c.LAST_STEP_TIMESTAMP.name} > 0)"),
+        (c.REC_JOB_STALEST_RANK, f"bottomk by ({J}) (1, {last_step})"),
+    ]
+
+
+def _jobs(t: Thresholds) -> list[Rule]:
+    """Per-job aggregations of the recorded per-rank series, and each rank against its job's
+    recorded median (joined on the job: a rank is never compared with every other rank)."""
+    c = contract
+    return [
+        (c.REC_JOB_STEPS_RATE, f"max by ({J}) ({c.REC_RANK_STEPS_RATE})"),
         (c.REC_JOB_RANKS_REPORTING, f"count by ({J}) ({c.REC_RANK_COMPUTE_MEAN})"),
         (c.REC_JOB_COMPUTE_MEDIAN, f"quantile by ({J}) (0.5, {c.REC_RANK_COMPUTE_MEAN})"),
         (
@@ -99,37 +161,13 @@ def _step_times(w: str) -> list[Rule]:
             f"{c.REC_RANK_PHASE_COMPUTE_MEAN}\n- on ({J}, {PHASE}) group_left ()\n"
             f"{c.REC_JOB_PHASE_COMPUTE_MEDIAN}",
         ),
+        (c.REC_JOB_GRAD_SYNC_P50, _job_quantile(0.5, c.REC_JOB_GRAD_SYNC_BUCKET_RATE)),
+        (c.REC_JOB_GRAD_SYNC_P99, _job_quantile(0.99, c.REC_JOB_GRAD_SYNC_BUCKET_RATE)),
+        # The hour's p99 from the job's recorded 5-minute bucket rates averaged over the hour
+        # (a handful of series per job), not from an hour of every rank's buckets.
         (
-            c.REC_RANK_DATA_WAIT_RATIO,
-            f'{c.REC_RANK_PHASE_MEAN}{{{PHASE}="{c.Phase.DATA.value}"}}\n'
-            f"/ on ({RANK})\n{c.REC_RANK_STEP_DURATION_MEAN}",
-        ),
-    ]
-
-
-def _latencies_and_memory(w: str) -> list[Rule]:
-    """Gradient sync and step time quantiles, and memory headroom."""
-    c = contract
-    return [
-        (c.REC_JOB_GRAD_SYNC_P50, quantile(0.5, c.GRAD_SYNC_DURATION.name, J, w)),
-        (c.REC_JOB_GRAD_SYNC_P99, quantile(0.99, c.GRAD_SYNC_DURATION.name, J, w)),
-        (c.REC_RANK_GRAD_SYNC_P99, quantile(0.99, c.GRAD_SYNC_DURATION.name, RANK, w)),
-        (c.REC_JOB_STEP_DURATION_P99_1H, quantile(0.99, c.STEP_DURATION.name, J, "1h")),
-        (
-            c.REC_RANK_MEMORY_HEADROOM,
-            f"1 - sum by ({RANK}) ({c.MEMORY_RESERVED.name})\n"
-            f"/ sum by ({RANK}) ({c.MEMORY_CAPACITY.name} > 0)",
-        ),
-    ]
-
-
-def _hangs(t: Thresholds) -> list[Rule]:
-    """The oldest collective in flight per job, its stall threshold and its laggard rank."""
-    c = contract
-    return [
-        (
-            c.REC_JOB_OLDEST_INFLIGHT,
-            f"max by ({J}) ({c.COLLECTIVE_OLDEST_INFLIGHT.name})",
+            c.REC_JOB_STEP_DURATION_P99_1H,
+            _job_quantile(0.99, f"avg_over_time({c.REC_JOB_STEP_DURATION_BUCKET_RATE}[{_HOUR}])"),
         ),
         # A hang's threshold scales with the job's own step time; jobs without step history
         # (or with NaN quantiles) fall back to the floor.
@@ -141,23 +179,38 @@ def _hangs(t: Thresholds) -> list[Rule]:
             f"or on ({J})\n(0 * {c.REC_JOB_OLDEST_INFLIGHT} + "
             f"{num(t.collective_stall_floor_seconds)})",
         ),
-        # The rank a hang waits for: fewest collectives launched, and among equals the one with
-        # no collective in flight (+0.5 for having one keeps launched counts dominant).
-        (
-            c.REC_JOB_COLLECTIVE_LAGGARD,
-            f"bottomk by ({J}) (\n  1,\n  sum by ({RANK}) ({c.COLLECTIVES_LAUNCHED.name})\n"
-            f"  + on ({RANK})\n  0.5 * clamp_max(sum by ({RANK}) "
-            f"({c.COLLECTIVE_INFLIGHT.name}), 1)\n)",
-        ),
     ]
 
 
-def recording_rules(t: Thresholds) -> list[dict[str, str]]:
-    """The recording rules of the main group, in evaluation order (later rules read earlier
-    ones)."""
+_HOUR = "1h"
+
+
+def _job_quantile(q: float, bucket_rates: str) -> str:
+    return f"histogram_quantile({q}, sum by ({J}, le) ({bucket_rates}))"
+
+
+def rank_rules(t: Thresholds) -> list[dict[str, str]]:
+    """The recording rules that read the ranks' raw series (their cost grows with the ranks),
+    in evaluation order."""
     w = t.rate_window
-    rules = [*_schedulers(t), *_step_times(w), *_latencies_and_memory(w), *_hangs(t)]
+    rules = [
+        *_schedulers(t),
+        *_rank_step_times(w),
+        *_rank_latencies_and_memory(w),
+        *_rank_hangs(),
+    ]
     return _as_records(rules)
+
+
+def job_rules(t: Thresholds) -> list[dict[str, str]]:
+    """The recording rules that read recorded series only, in evaluation order."""
+    return _as_records(_jobs(t))
+
+
+def recording_rules(t: Thresholds) -> list[dict[str, str]]:
+    """Every recording rule the alerts read, in evaluation order (later rules read earlier
+    ones): the per-rank group's, then the per-job group's."""
+    return [*rank_rules(t), *job_rules(t)]
 
 
 def _as_records(rules: list[Rule]) -> list[dict[str, str]]:

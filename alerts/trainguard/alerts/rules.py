@@ -20,14 +20,21 @@ from typing import Any
 import yaml
 
 from trainguard.alerts import gpus, hangs, memory, nccl, ranks, stragglers
-from trainguard.alerts.recording import recording_rules, reliability_group
+from trainguard.alerts.recording import (
+    job_rules,
+    rank_rules,
+    recording_rules,
+    reliability_group,
+)
 from trainguard.alerts.rule import AlertRule
 from trainguard.contract import Alert
 from trainguard.thresholds import Thresholds
 
 __all__ = [
     "GROUP",
+    "JOB_GROUP",
     "MODULES",
+    "RANK_GROUP",
     "alert_rules",
     "dump",
     "groups",
@@ -36,11 +43,16 @@ __all__ = [
     "rules_of",
 ]
 
-# One group for the alerts and the recording rules they read: rules of a group run in order, so
-# every alert reads the recording rules of the same evaluation (separate groups run
-# independently and would see them one interval late). The reliability rules, which no alert
-# reads, follow in a group of their own (``recording.reliability_group``).
+# The alert group. The recording rules it reads run in two groups before it: the per-rank rules
+# (``<GROUP>-ranks``, the one pass over the ranks' raw series) and the per-job rules
+# (``<GROUP>-jobs``, recorded series only). Prometheus runs groups independently, so an alert
+# may read recording rules one evaluation interval old: the price of groups whose evaluation
+# stays bounded as ranks grow (docs/alerts.md#how-the-rules-scale). promtool's unit tests
+# evaluate the groups in file order at each step. The reliability rules, which no alert reads,
+# follow in a group of their own (``recording.reliability_group``).
 GROUP = "trainguard"
+RANK_GROUP = f"{GROUP}-ranks"
+JOB_GROUP = f"{GROUP}-jobs"
 
 # The failure modules; each has FAILURES (the contract.Failure values its rules report) and
 # rules(t) -> list[AlertRule].
@@ -63,7 +75,9 @@ def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
 def groups(t: Thresholds) -> list[dict[str, Any]]:
     """The rule groups, as the rules file and the Kubernetes ``PrometheusRule`` both hold them."""
     return [
-        {"name": GROUP, "rules": [*recording_rules(t), *alert_rules(t)]},
+        {"name": RANK_GROUP, "rules": rank_rules(t)},
+        {"name": JOB_GROUP, "rules": job_rules(t)},
+        {"name": GROUP, "rules": alert_rules(t)},
         reliability_group(GROUP, t),
     ]
 

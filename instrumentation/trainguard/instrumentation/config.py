@@ -169,7 +169,12 @@ class InstrumentationConfig:
         dump_dir: where the watchdog writes Flight Recorder traces and stacks; default
             ``TRAINGUARD_DUMP_DIR`` or ``./trainguard-dumps``.
         per_bucket: also time every gradient bucket through a comm hook (costs a Python call
-            per bucket; the default reads DDP's own reducer timers instead).
+            per bucket; the default reads DDP's own reducer timers instead). Default
+            ``TRAINGUARD_PER_BUCKET`` (``1``) or off.
+        metrics_detail: keep the buckets of the phase, compute and sync-wait histograms
+            (``contract.DETAIL_HISTOGRAMS``; 48 more series per rank). Off, they expose their
+            ``_sum`` and ``_count`` only, within ``contract.RANK_SERIES_BUDGET``. Default
+            ``TRAINGUARD_METRICS_DETAIL`` (``1``) or off.
         runtime_stats_every: DDP times every Nth iteration (its runtime-stats sample rate;
             it also times its first 10) and the hook reads those timers only: the straggler
             split (compute / sync wait) and DDP's gradient-sync histogram and span come from
@@ -208,7 +213,8 @@ class InstrumentationConfig:
     metrics_addr: str | None = None
     file_sd_dir: Path | None = None
     dump_dir: Path | None = None
-    per_bucket: bool = False
+    per_bucket: bool | None = None
+    metrics_detail: bool | None = None
     runtime_stats_every: int = 8
     tracing: bool | None = None
     stall_floor_seconds: float | None = None
@@ -296,6 +302,16 @@ class InstrumentationConfig:
             return self.dump_dir
         return Path(os.environ.get(contract.ENV_DUMP_DIR, "trainguard-dumps"))
 
+    def resolved_per_bucket(self) -> bool:
+        if self.per_bucket is not None:
+            return self.per_bucket
+        return _switch(os.environ.get(contract.ENV_PER_BUCKET))
+
+    def resolved_metrics_detail(self) -> bool:
+        if self.metrics_detail is not None:
+            return self.metrics_detail
+        return _switch(os.environ.get(contract.ENV_METRICS_DETAIL))
+
     def resolved_stall_floor(self) -> float:
         if self.stall_floor_seconds is not None:
             return self.stall_floor_seconds
@@ -321,3 +337,9 @@ class InstrumentationConfig:
             os.environ.get(name)
             for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         )
+
+
+def _switch(value: str | None) -> bool:
+    """An on/off environment variable: ``1``, ``true``, ``yes`` or ``on`` (any case) is on;
+    unset or anything else is off."""
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")

@@ -146,7 +146,7 @@ class Instrumentation:
             )
         labels = self.identity.labels()
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = RankMetrics(self.registry, labels)
+        self.metrics = RankMetrics(self.registry, labels, detail=config.resolved_metrics_detail())
         self.errors = ErrorBudget(self.metrics.instrumentation_errors, labels)
         self.ddp = model if isinstance(model, DistributedDataParallel) else None
         self.parallelism = parallel.detect(model)
@@ -428,7 +428,8 @@ class Instrumentation:
 
     def _install(self) -> None:
         cfg = self.config
-        if self.ddp is not None and cfg.per_bucket:
+        per_bucket = cfg.resolved_per_bucket()
+        if self.ddp is not None and per_bucket:
             self._install_bucket_timer(self.ddp)
         elif self._comm_hook is not None:
             raise ValueError("comm_hook is only composed in per_bucket mode on a DDP model")
@@ -489,7 +490,7 @@ class Instrumentation:
             backend=self.backend,
             on_allocator_oom=self._on_allocator_oom,
             roles=roles,
-            per_bucket=cfg.per_bucket,
+            per_bucket=per_bucket,
             on_timers_lost=self._on_timers_lost,
         )
         self._worker.start()
@@ -536,7 +537,7 @@ class Instrumentation:
             level=logging.INFO,
             **self.identity.event_fields(),
             outcome=contract.EventOutcome.SUCCESS,
-            details={"per_bucket": cfg.per_bucket, "tracing": self._tracer_provider is not None},
+            details={"per_bucket": per_bucket, "tracing": self._tracer_provider is not None},
         )
 
     def _publish_rank_info(self) -> None:

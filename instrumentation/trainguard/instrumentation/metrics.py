@@ -2,6 +2,13 @@
 
 Children are bound to the rank's identity labels once, at creation, so an observation on the
 hot path is a single method call with no label lookup.
+
+The families are sized to ``contract.RANK_SERIES_BUDGET``: the histograms of
+``contract.BUCKETED_HISTOGRAMS`` keep a few buckets chosen from measured step times, those of
+``contract.DETAIL_HISTOGRAMS`` keep their buckets only with ``detail`` on (else a summary
+without quantiles: the same ``_sum`` and ``_count``), and prometheus_client's ``_created``
+series, which Prometheus would store as one more series per counter and histogram child and
+nothing reads, are switched off.
 """
 
 from __future__ import annotations
@@ -11,7 +18,15 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    Summary,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -19,11 +34,12 @@ from trainguard import contract
 from trainguard.contract import MetricSpec
 from trainguard.prometheus_families import counter_family
 
-# Step-level buckets: 1 ms .. ~5 min. Gradient syncs and phases fall in the same range.
-DURATION_BUCKETS: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
-    1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-)  # fmt: skip
+# Step times measured and published (docs/instrumentation.md#buckets): 4 ms (a tiny FSDP2 step
+# here) to some 30 s (a 175B-parameter model's step on 1,024 GPUs); a bucket per factor of 4-5.
+# Steps, phases, compute and sync wait share them. +Inf is added by prometheus_client.
+STEP_BUCKETS: tuple[float, ...] = (0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 60.0)
+# Collectives of a step (a gradient sync, FSDP's all-gathers): 1 ms to tens of seconds.
+COLLECTIVE_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.025, 0.1, 0.5, 2.5, 10.0)
 
 
 M = TypeVar("M", bound=Collector)
@@ -38,8 +54,14 @@ def _labelnames(spec: MetricSpec) -> tuple[str, ...]:
 class RankMetrics:
     """Every metric a training rank exports, bound to that rank's identity."""
 
-    def __init__(self, registry: CollectorRegistry, identity: dict[str, str]) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, identity: dict[str, str], detail: bool = False
+    ) -> None:
+        # prometheus_client's own switch, process-wide: Prometheus (2.x, text format) stores
+        # each _created sample as a series of its own, one per counter and histogram child.
+        disable_created_metrics()
         self.registry = registry
+        self.detail = detail
         self.identity = identity
         self._registered: list[Collector] = []
         self.released = False
@@ -64,34 +86,45 @@ class RankMetrics:
                 Gauge(spec.client_name, spec.documentation, _labelnames(spec), registry=registry)
             )
 
-        def histogram(spec: MetricSpec) -> Histogram:
+        def histogram(spec: MetricSpec, buckets: tuple[float, ...] = STEP_BUCKETS) -> Histogram:
             return kept(
                 Histogram(
                     spec.client_name,
                     spec.documentation,
                     _labelnames(spec),
                     registry=registry,
-                    buckets=DURATION_BUCKETS,
+                    buckets=buckets,
                 )
+            )
+
+        def detailed(spec: MetricSpec) -> Histogram | Summary:
+            if detail:
+                return histogram(spec)
+            return kept(
+                Summary(spec.client_name, spec.documentation, _labelnames(spec), registry=registry)
             )
 
         self.instrumentation_errors = counter(contract.INSTRUMENTATION_ERRORS)
         self.steps = counter(contract.STEPS).labels(**identity)
         self.step_duration = histogram(contract.STEP_DURATION).labels(**identity)
-        phases = histogram(contract.STEP_PHASE_DURATION)
+        phases = detailed(contract.STEP_PHASE_DURATION)
         self.phase_duration = {
             phase: phases.labels(**identity, **{contract.LABEL_PHASE: phase.value})
             for phase in contract.Phase
         }
-        self.compute_duration = histogram(contract.STEP_COMPUTE_DURATION).labels(**identity)
-        self.sync_wait_duration = histogram(contract.SYNC_WAIT_DURATION).labels(**identity)
+        self.compute_duration = detailed(contract.STEP_COMPUTE_DURATION).labels(**identity)
+        self.sync_wait_duration = detailed(contract.SYNC_WAIT_DURATION).labels(**identity)
         self.last_step_timestamp = gauge(contract.LAST_STEP_TIMESTAMP).labels(**identity)
         self.training_step = gauge(contract.TRAINING_STEP).labels(**identity)
         self.world_size = gauge(contract.WORLD_SIZE).labels(**identity)
         self.rank_index = gauge(contract.RANK_INDEX).labels(**identity)
-        self.grad_sync_duration = histogram(contract.GRAD_SYNC_DURATION).labels(**identity)
+        self.grad_sync_duration = histogram(contract.GRAD_SYNC_DURATION, COLLECTIVE_BUCKETS).labels(
+            **identity
+        )
         self.grad_sync_bytes = counter(contract.GRAD_SYNC_BYTES).labels(**identity)
-        self.param_gather_duration = histogram(contract.PARAM_GATHER_DURATION).labels(**identity)
+        self.param_gather_duration = histogram(
+            contract.PARAM_GATHER_DURATION, COLLECTIVE_BUCKETS
+        ).labels(**identity)
         self.collective_inflight = gauge(contract.COLLECTIVE_INFLIGHT).labels(**identity)
         self.collective_oldest_inflight = gauge(contract.COLLECTIVE_OLDEST_INFLIGHT).labels(
             **identity
