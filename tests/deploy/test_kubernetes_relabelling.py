@@ -14,8 +14,7 @@ phases that are not trainguard's are dropped, and the exporter's series keep the
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,6 +24,7 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from tests.deploy.kube import find, objects
+from tests.polling import wait_for
 from tests.ports import free_port
 from tests.prometheus_process import prometheus_process
 from trainguard import contract
@@ -36,18 +36,6 @@ NODE = "gpu-node-1"
 JOB_ID = "llama-7b-run3"
 # Prometheus' start and a few 1 s scrapes, with room for a loaded 2-core machine.
 TIMEOUT = 90.0
-
-
-def wait_for(what: str, probe: Callable[[], T | None], log: Path) -> T:
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-            raise AssertionError(f"not in {TIMEOUT:g} s: {what}\n{tail}")
-        time.sleep(0.25)
 
 
 def serve(registry: CollectorRegistry) -> Iterator[int]:
@@ -190,7 +178,9 @@ def test_rank_and_exporter_targets_get_the_labels_the_rules_join_on(
 ) -> None:
     url, log = prometheus
 
-    up = wait_for("three targets up", lambda: exactly(3, url, 'up{job=~"trainguard-.*"} == 1'), log)
+    up = wait_for(
+        "three targets up", lambda: exactly(3, url, 'up{job=~"trainguard-.*"} == 1'), TIMEOUT, log
+    )
     ranks = sorted(
         (m for m in up if m["job"] == contract.SCRAPE_JOB_RANKS), key=lambda m: m["rank"]
     )
@@ -211,13 +201,17 @@ def test_rank_and_exporter_targets_get_the_labels_the_rules_join_on(
     assert exporter["node"] == NODE
 
     # honor_labels: each rank's own identity on its series (rank 11, not "<pod>/3").
-    steps = wait_for("both ranks' series", lambda: exactly(2, url, "trainguard_steps_total"), log)
+    steps = wait_for(
+        "both ranks' series", lambda: exactly(2, url, "trainguard_steps_total"), TIMEOUT, log
+    )
     assert sorted((m["rank"], m["local_rank"], m["job_id"], m["node"]) for m in steps) == [
         ("11", "3", JOB_ID, NODE),
         ("8", "0", JOB_ID, NODE),
     ]
     # The exporter's own pod and namespace labels stay (no exported_pod renaming).
-    (info,) = wait_for("the exporter's series", lambda: query(url, "trainguard_gpu_pod_info"), log)
+    (info,) = wait_for(
+        "the exporter's series", lambda: query(url, "trainguard_gpu_pod_info"), TIMEOUT, log
+    )
     assert info["pod"] == f"{JOB_ID}-0-abcde"
     assert info["namespace"] == "training"
     assert info["node"] == NODE

@@ -20,7 +20,6 @@ import json
 import re
 import subprocess
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
@@ -32,6 +31,7 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from tests.deploy.stack import DEPLOY, REPO, binary, default, run
+from tests.polling import wait_for
 from tests.ports import free_port
 from trainguard import contract
 
@@ -297,21 +297,6 @@ def test_promtool_checks_the_rules_file_vmalert_loads() -> None:
 # --- real binaries ---------------------------------------------------------------------------
 
 
-def wait_for(what: str, probe: Callable[[], T | None], logs: list[Path]) -> T:
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            tails = "\n".join(
-                f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-                for log in logs
-            )
-            raise AssertionError(f"not in {TIMEOUT:g} s: {what}\n{tails}")
-        time.sleep(0.5)
-
-
 def start(stack: ExitStack, command: list[str], log: Path) -> None:
     """Starts a server for the test's duration; stops it (terminate, then kill) at the end."""
     with log.open("wb") as out:
@@ -454,7 +439,8 @@ def test_the_shards_partition_the_targets_and_keep_a_job_together(tmp_path: Path
         kept = wait_for(
             f"every shard sorting {len(everything)} targets",
             lambda: kept_targets(urls, len(everything)),
-            logs,
+            TIMEOUT,
+            *logs,
         )
 
     def key(labels: dict[str, str]) -> str:
@@ -588,7 +574,7 @@ def test_alerts_from_every_shard_reach_alertmanager_through_the_store(tmp_path: 
         )
         logs += shard_logs
         kept = wait_for(
-            "the shards sorting the ranks", lambda: kept_targets(urls, len(ranks)), logs
+            "the shards sorting the ranks", lambda: kept_targets(urls, len(ranks)), TIMEOUT, *logs
         )
         shard_of = {t[contract.LABEL_JOB_ID]: n for n, targets in kept.items() for t in targets}
         # Two jobs that different shards scrape.
@@ -602,7 +588,9 @@ def test_alerts_from_every_shard_reach_alertmanager_through_the_store(tmp_path: 
             found = answer["data"]["result"] if answer else []
             return found if len(found) == count else None
 
-        wait_for("every rank's series in the store", lambda: stored(series, len(ranks)), logs)
+        wait_for(
+            "every rank's series in the store", lambda: stored(series, len(ranks)), TIMEOUT, *logs
+        )
         for job in (first, second):
             counters[(job, 1)].inc()
         raised = time.monotonic()
@@ -612,7 +600,7 @@ def test_alerts_from_every_shard_reach_alertmanager_through_the_store(tmp_path: 
             found = alerts_at(alertmanager, name)
             return found if len(found) >= 2 else None
 
-        firing = wait_for(f"{name} for {first} and {second} at Alertmanager", both, logs)
+        firing = wait_for(f"{name} for {first} and {second} at Alertmanager", both, TIMEOUT, *logs)
         latency = time.monotonic() - raised
 
     identity = (contract.LABEL_JOB_ID, contract.LABEL_RANK, contract.LABEL_NODE)

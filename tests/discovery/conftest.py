@@ -4,8 +4,7 @@ the registrations' expiry; and reading a target list as Prometheus does."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -67,10 +66,3 @@ def listed(url: str, kind: str = "ranks") -> dict[str, dict[str, str]]:
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "application/json"
     return {group["targets"][0]: group["labels"] for group in response.json()}
-
-
-def wait_for(what: str, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"not in {timeout:g} s: {what}"
-        time.sleep(0.05)

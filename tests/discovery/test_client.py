@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 from torch import nn
 
 import trainguard
-from tests.discovery.conftest import Clock, listed, wait_for
+from tests.discovery.conftest import Clock, listed
+from tests.polling import wait_for
 from tests.ports import free_port
 from tests.remediation.conftest import TOKEN, rows
 from trainguard import contract

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.discovery.conftest import listed, wait_for
+from tests.discovery.conftest import listed
+from tests.polling import wait_for
 from tests.remediation.conftest import TOKEN
 from trainguard import contract
 from trainguard.exporters import discovery

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from tests.alerts.tools import REPO, binary
+from tests.polling import wait_for
 from tests.ports import free_port
 from tests.remediation.conftest import AUTH, TOKEN
 from trainguard import contract
@@ -42,23 +43,6 @@ START_TIMEOUT = 180.0
 DROP_TIMEOUT = 60.0
 
 T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, *logs: Path) -> T:
-    """Poll ``probe`` until it returns something truthy; fail with the logs under ``logs``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            tails = "\n".join(
-                f"--- {path}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-20:])
-                for folder in logs
-                for path in sorted(folder.rglob("*.log"))
-            )
-            raise AssertionError(f"not in {timeout:g} s: {what}\n{tails}")
-        time.sleep(0.25)
 
 
 def prometheus_config(service: str, token_file: Path) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ import yaml
 
 from tests.exporters.conftest import rank_env
 from tests.exporters.test_exporter_process import Exporter, exporter
+from tests.polling import wait_for
 from tests.prometheus_process import prometheus_process
 
 pytestmark = pytest.mark.e2e
@@ -83,14 +84,6 @@ class Prometheus:
         """Grafana's ``label_values(metric, label)``."""
         values: list[str] = self.api(f"/api/v1/label/{label}/values", **{"match[]": metric})
         return sorted(values)
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
 
 
 def grafana_all(values: list[str]) -> str:
@@ -165,7 +158,7 @@ def _has_every_gpu(prometheus: Prometheus, job_id: str) -> bool:
 def test_every_panel_of_dcgm_exporter_s_dashboard_has_data(
     prometheus: Prometheus, job_id: str
 ) -> None:
-    wait_for("every simulated GPU scraped", lambda: _has_every_gpu(prometheus, job_id))
+    wait_for("every simulated GPU scraped", lambda: _has_every_gpu(prometheus, job_id), 90)
     variables = {
         var["name"]: grafana_all(prometheus.label_values(*_label_values_args(var["query"])))
         for var in FIXTURE["variables"]
@@ -194,7 +187,7 @@ def _label_values_args(query: str) -> tuple[str, str]:
 def test_two_processes_of_a_rank_keep_the_documented_join_working(
     prometheus: Prometheus, job_id: str, one_rank_two_processes: list[int]
 ) -> None:
-    wait_for("every simulated GPU scraped", lambda: _has_every_gpu(prometheus, job_id))
+    wait_for("every simulated GPU scraped", lambda: _has_every_gpu(prometheus, job_id), 90)
     result = prometheus.query(JOIN.format(job=job_id))  # an error here is a 4xx: no duplicates
     assert [(r["metric"]["gpu"], r["metric"]["rank"]) for r in result] == [
         (str(RANK_GPU), str(RANK_GPU))
@@ -204,7 +197,7 @@ def test_two_processes_of_a_rank_keep_the_documented_join_working(
 
 
 def test_xid_labels_and_the_hostname_relabelling(prometheus: Prometheus, job_id: str) -> None:
-    wait_for("every simulated GPU scraped", lambda: _has_every_gpu(prometheus, job_id))
+    wait_for("every simulated GPU scraped", lambda: _has_every_gpu(prometheus, job_id), 90)
     xids = prometheus.query('DCGM_FI_DEV_XID_ERRORS{err_code="0",err_msg="No Error"}')
     assert len(xids) == GPUS
     assert prometheus.query('DCGM_FI_DEV_XID_ERRORS{err_code=~"48|79"}') == []

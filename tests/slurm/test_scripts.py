@@ -13,15 +13,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.exporters.conftest import require_binary
+from tests.polling import wait_for
 from tests.ports import free_port
 from trainguard import contract
 from trainguard.exporters.registry import registered
@@ -37,13 +37,6 @@ slurm_vars=$(env | grep -c '^SLURM_')
 echo "start $$ slurm_vars=$slurm_vars listen=$TRAINGUARD_EXPORTER_LISTEN_ADDRESS $*" >>"$record"
 while :; do sleep 0.1; done
 """
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def alive(pid: int) -> bool:
@@ -134,7 +127,7 @@ def rank_targets(node: Node, job: str, ranks: range) -> list[Path]:
 
 def test_prolog_and_epilog_run_one_exporter_for_the_jobs_of_a_node(node: Node) -> None:
     assert node.run("prolog.sh", "101").returncode == 0
-    wait_for(lambda: len(node.records()) == 1, "the exporter to start")
+    wait_for("the exporter to start", lambda: len(node.records()) == 1)
     pid = node.exporter_pid()
     assert pid is not None and alive(pid)
     (start,) = node.records()
@@ -180,13 +173,13 @@ def test_a_dead_exporter_is_started_again_and_a_reused_pid_is_left_alone(node: N
         node.state.mkdir()
         (node.state / "exporter.pid").write_text(f"{stranger.pid}\n")  # the pid was reused
         assert node.run("prolog.sh", "7").returncode == 0
-        wait_for(lambda: len(node.records()) == 1, "a new exporter")
+        wait_for("a new exporter", lambda: len(node.records()) == 1)
         pid = node.exporter_pid()
         assert pid is not None and pid != stranger.pid
         os.kill(pid, signal.SIGKILL)  # the exporter crashed between jobs
-        wait_for(lambda: not alive(pid), "the exporter to die")
+        wait_for("the exporter to die", lambda: not alive(pid))
         assert node.run("prolog.sh", "8").returncode == 0
-        wait_for(lambda: len(node.records()) == 2, "the exporter to be started again")
+        wait_for("the exporter to be started again", lambda: len(node.records()) == 2)
         assert node.run("epilog.sh", "7").returncode == 0
         assert node.run("epilog.sh", "8").returncode == 0
         assert stranger.poll() is None, "the epilog killed a process that was not its exporter"
@@ -341,7 +334,7 @@ def test_the_prolog_starts_the_real_exporter_which_maps_a_rank_to_its_job(tmp_pa
                 return False
             return info in text
 
-        wait_for(mapped, "the exporter to map the rank to its job", timeout=90)
+        wait_for("the exporter to map the rank to its job", mapped, 90)
         line = next(line for line in text.splitlines() if line.startswith(info))
         assert 'slurm_job_id="4242"' in line and 'slurm_step_id="0"' in line
         assert (
