@@ -12,7 +12,12 @@ import io
 
 import pytest
 
-from trainguard.triage.detectors.straggler import MIN_REPORTS, MIN_SAMPLES, StragglerDetector
+from trainguard.triage.detectors.straggler import (
+    MIN_BENCHMARKS,
+    MIN_REPORTS,
+    MIN_SAMPLES,
+    StragglerDetector,
+)
 from trainguard.triage.findings import Finding
 from trainguard.triage.scanner import Scanner
 
@@ -152,6 +157,20 @@ def test_plain_prints(template: str) -> None:
     assert finding.fields["rank"] == 3
 
 
+def test_a_key_at_the_end_of_a_longer_name_is_not_read() -> None:
+    # optim_step_time is not a step time; the step_time after it on the same line is
+    lines = []
+    for _step in range(MIN_SAMPLES):
+        for rank in range(4):
+            optim = 9.0 if rank == 1 else 0.1  # rank 1 would be slow if optim_step_time counted
+            step_time = 1.5 if rank == 2 else 1.0
+            lines.append(f"[rank{rank}]: optim_step_time={optim} step_time={step_time}")
+    (finding,) = scan("\n".join(lines) + "\n")
+    assert (finding.fields["rank"], finding.fields["metric"]) == (2, "step_time")
+    only_longer = [f"[rank{r}]: optim_step_time={9.0 if r == 1 else 0.1}" for r in range(4)]
+    assert scan("\n".join(only_longer * MIN_SAMPLES) + "\n") == []
+
+
 def test_per_rank_lines_that_are_not_timings() -> None:
     # fairseq's per-rank device table and NCCL's init timings name ranks but time no step
     lines = [
@@ -164,3 +183,84 @@ def test_per_rank_lines_that_are_not_timings() -> None:
         for r in range(4)
     ]
     assert scan("\n".join(lines * 5) + "\n") == []
+
+
+def traceml_verdict(
+    worst_rank: int, phase: str, worst: float, median_rank: int, median: float
+) -> str:
+    """traceopt-ai/traceml src/traceml_ai/reporting/primary_diagnosis.py:
+    f"Rank r{worst_rank} {phase_label} was {worst_value:.1f}ms "
+    f"vs median rank r{median_rank} at {median_value:.1f}ms." """
+    return (
+        f"Rank r{worst_rank} {phase} was {worst:.1f}ms "
+        f"vs median rank r{median_rank} at {median:.1f}ms."
+    )
+
+
+def test_traceml_verdict_names_the_worst_rank_not_the_median_one() -> None:
+    line = "Why: " + traceml_verdict(2, "input wait", 199.7, 0, 10.4)
+    (finding,) = scan(line + "\n")
+    fields = finding.fields
+    assert (fields["rank"], fields["metric"]) == (2, "traceml_input_wait")
+    assert fields["median_seconds"] == pytest.approx(0.1997)
+    assert fields["peer_median_seconds"] == pytest.approx(0.0104)
+    assert fields["samples"] == 1  # one verdict already sums up the tool's window
+
+
+def test_traceml_verdict_below_the_factor_accuses_no_one() -> None:
+    # the tool named a worst rank, but 11.0 vs 10.0 ms is under the alerts' 1.2x
+    assert scan(traceml_verdict(1, "forward", 11.0, 0, 10.0) + "\n") == []
+
+
+def test_traceml_verdicts_of_two_phases_are_one_finding() -> None:
+    lines = [
+        traceml_verdict(0, "dataloader", 201.6, 1, 1.4),
+        traceml_verdict(0, "optimizer", 33.1, 1, 14.5),
+    ]
+    (finding,) = scan("\n".join(lines) + "\n")
+    assert finding.fields["rank"] == 0
+    assert set(finding.fields["slow_metrics"]) == {"traceml_dataloader", "traceml_optimizer"}
+
+
+def greyhound_perf(min_lat: float, max_lat: float, avg_lat: float, std_lat: float) -> str:
+    """wutianyuan1/Greyhound 7485ea8 detector/control_plane/global_analyzer.py
+    PerformanceMetric.__str__:
+    f"(Perf: min={self.min_lat}, max={self.max_lat}, avg={self.avg_lat}, std={self.std_lat})"."""
+    return f"(Perf: min={min_lat}, max={max_lat}, avg={avg_lat}, std={std_lat})"
+
+
+def greyhound_computation(rank: int, avg_ms: float) -> str:
+    """detector/control_plane/global_controller.py validate_computation (same commit):
+    logging.info(f"Computation result of rank {r} collected = {results[r]}!!"), results[r]
+    being perf_gemm's min, max, mean and deviation over ten timed runs, in ms."""
+    perf = greyhound_perf(avg_ms * 0.999, avg_ms * 1.001, avg_ms, 0.03)
+    return f"INFO:root:Computation result of rank {rank} collected = {perf}!!"
+
+
+def greyhound_p2p(rank: int, avg_ms: float) -> str:
+    """global_controller.py collect_comm_task_results (same commit):
+    logging.info(f"Result of rank {r} collected = {results[r]}!!"), a p2p transfer's times."""
+    perf = greyhound_perf(avg_ms * 0.9, avg_ms * 1.1, avg_ms, 0.5)
+    return f"INFO:root:Result of rank {rank} collected = {perf}!!"
+
+
+def test_greyhound_computation_check_names_the_slow_rank() -> None:
+    lines = [greyhound_computation(r, ms) for r, ms in enumerate([65.47, 515.49, 65.69, 65.69])]
+    (finding,) = scan("\n".join(lines) + "\n", name="global_controller_localhost.log")
+    fields = finding.fields
+    assert (fields["rank"], fields["metric"], fields["scope"]) == (1, "greyhound_gemm", "rank")
+    assert fields["median_seconds"] == pytest.approx(0.51549)
+    assert fields["samples"] == MIN_BENCHMARKS == 1  # one round is ten timed runs already
+
+
+def test_greyhound_p2p_results_and_a_healthy_check_accuse_no_one() -> None:
+    # ranks 0 and 1 wait longer in their transfers: communication, never compared
+    p2p = [greyhound_p2p(r, ms) for r, ms in enumerate([20.3, 20.3, 12.8, 12.7])]
+    healthy = [greyhound_computation(r, ms) for r, ms in enumerate([65.43, 65.59, 65.45, 65.66])]
+    assert scan("\n".join(p2p * 3 + healthy) + "\n") == []
+
+
+def test_greyhound_rank_slow_in_one_of_three_rounds_is_not_a_straggler() -> None:
+    rounds = [[65.5, 65.7, 65.7, 65.7], [65.5, 515.5, 65.7, 65.7], [65.5, 65.8, 65.7, 65.7]]
+    lines = [greyhound_computation(r, ms) for times in rounds for r, ms in enumerate(times)]
+    assert scan("\n".join(lines) + "\n") == []

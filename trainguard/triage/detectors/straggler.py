@@ -6,7 +6,7 @@ least ``min_ranks`` ranks compared (thresholds.yml's ``straggler_factor`` and
 ``straggler_min_ranks``, the values the TrainingStraggler alert and ``diagnose`` judge by) and
 enough samples per rank for a median to mean something.
 
-What differs is how the samples are read. Two kinds:
+What differs is how the samples are read. Four kinds:
 
 * per-step lines a rank prints about itself (``step_time=0.51``, DeepSpeed's
   ``rank=3 time (ms) | forward: ...``): noisy, one step each, so a rank needs
@@ -14,7 +14,14 @@ What differs is how the samples are read. Two kinds:
 * reports one process prints about every rank at once (Megatron's ``times across ranks``
   block, DLRover's network-check times): each is already an aggregate (a logging interval's
   average, a whole check task), so a rank needs ``MIN_REPORTS`` of them; three, so that one
-  bad report (a warm-up, a round run before a node was replaced) cannot carry the median.
+  bad report (a warm-up, a round run before a node was replaced) cannot carry the median;
+* another tool's straggler verdict (TraceML's ``Rank r2 input wait was 199.7ms vs median rank
+  r0 at 10.4ms.``): the worst rank's and the median rank's figures over the tool's whole
+  analysis window, so one suffices; the same factor still decides whether it is slow;
+* a benchmark every rank runs at once before or during training (Greyhound's computation
+  check, ``Computation result of rank 1 collected = (Perf: min=515.40, ..., avg=515.49, ...)``):
+  each result is already the mean of repeated timed runs of one fixed kernel, the same on every
+  rank, so one round suffices too.
 
 Timers that contain a collective or a wait (all-reduce, send/recv, sync, ...) are not compared:
 a collective ends when the last rank arrives, so in it the straggler waits least and the ranks
@@ -45,6 +52,10 @@ _SAMPLES_PER_RANK = 1000
 MIN_SAMPLES = 5
 # Reports a rank needs before its median is compared (one line or block covering every rank).
 MIN_REPORTS = 3
+# Verdicts of another straggler detector: each already sums up a whole analysis window.
+MIN_VERDICTS = 1
+# Rounds of a per-rank benchmark: each is the mean of repeated timed runs of one kernel.
+MIN_BENCHMARKS = 1
 # Lines one Megatron "times across ranks" block may span before it is cut off.
 _MAX_BLOCK_LINES = 100_000
 
@@ -56,11 +67,21 @@ _MAX_BLOCK_LINES = 100_000
 #    NVIDIA/Megatron-LM d98e8a64dd) and ESPnet's ``iter_time=0.422`` (as its trainer logs it,
 #    espnet/espnet#3221); not inside a longer name (``optim_step_time``). The rank comes from
 #    torchrun's [rankN]: prefix, the message ("rank 3 ...") or the file name.
+#    "Not inside a longer name" is checked on the character before the key (_in_name), not by a
+#    look-behind here: one at the start of the pattern keeps re from skipping ahead to the
+#    keys' first letters, and made the search twice as slow on every line with a step time.
 _TIMING = re.compile(
-    r"(?<![\w-])(?P<key>step[_ ]time|iter(?:ation)?[_ ]time|compute[_ ]time|batch[_ ]time"
+    r"(?P<key>step[_ ]time|iter(?:ation)?[_ ]time|compute[_ ]time|batch[_ ]time"
     r"|time per iteration)"
     r"\s*(?P<ms>\(ms\))?\s*[=:]?\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>ms|s)?\b"
 )
+
+
+def _in_name(char: str) -> bool:
+    """Whether ``char`` can be part of a name (``\\w`` or ``-``)."""
+    return char.isalnum() or char in "_-"
+
+
 # "rank 3", "rank=3", "Rank: 3", "[rank 3]" before the timing; not "nranks" nor "local_rank".
 _RANK_WORD = re.compile(r"\b[Rr]ank[\s=:#\[]*(\d+)\b")
 
@@ -94,6 +115,38 @@ _DLROVER = re.compile(r"elapsed time[^{]*\{(?P<body>[^{}]*)\}")
 _DLROVER_ENTRY = re.compile(r"(?P<node>\d+): (?P<value>\d+(?:\.\d+)?)")
 _DLROVER_TIMEOUT = 3600.0
 
+# 5. TraceML's Step Time verdict, the slowest rank of a phase against the median rank over its
+#    analysis window: ``Rank r2 input wait was 199.7ms vs median rank r0 at 10.4ms.``
+#    (traceopt-ai/traceml src/traceml_ai/reporting/primary_diagnosis.py,
+#    ``f"Rank r{worst_rank} {phase_label} was {worst_value:.1f}ms "
+#    f"vs median rank r{median_rank} at {median_value:.1f}ms."``; the phase is the tool's
+#    phase name, ``dataloader``, ``optimizer``, ``h2d``, or its label, ``input wait``). The
+#    phase is compared as the tool chose it, waits included: an input wait is the rank's own
+#    loader, and the tool has already set collectives aside.
+_TRACEML_KEY = "ms vs median rank r"  # long, hence cheap to search for
+_TRACEML = re.compile(
+    r"\bRank r(?P<rank>\d+) (?P<phase>[A-Za-z][\w ]{0,40}?) was (?P<worst>\d+(?:\.\d+)?)ms "
+    r"vs median rank r(?P<peer>\d+) at (?P<median>\d+(?:\.\d+)?)ms"
+)
+
+# 6. Greyhound's computation check (FALCON, USENIX ATC '25; wutianyuan1/Greyhound 7485ea8, the same
+#    in wutianyuan1/ncclprobe): when a fail-slow is suspected, and once before training, the
+#    global controller has every rank run perf_gemm (detector/matmul.cu: one fixed matmul ten
+#    times, each timed with CUDA events, in ms) and logs, in
+#    detector/control_plane/global_controller.py validate_computation,
+#    ``f"Computation result of rank {r} collected = {results[r]}!!"``, the result printed by
+#    PerformanceMetric.__str__ (detector/control_plane/global_analyzer.py):
+#    ``f"(Perf: min={self.min_lat}, max={self.max_lat}, avg={self.avg_lat}, std={self.std_lat})"``.
+#    The average is compared. Its p2p tests (``Result of rank 0 collected = (Perf: ...)``) time
+#    pairs of ranks sending to each other: communication, not compared.
+# The needle is the message's longest fixed run: a long needle is the cheapest to search for.
+_GREYHOUND_KEY = "Computation result of rank"
+_FLOAT = r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+_GREYHOUND = re.compile(
+    rf"\bComputation result of rank (?P<rank>\d+) collected = "
+    rf"\(Perf: min={_FLOAT}, max={_FLOAT}, avg=(?P<avg>{_FLOAT}),"
+)
+
 # Timers holding a collective, a point-to-point transfer or a wait, by the names Megatron
 # (megatron/training/training.py timers_to_log: *-all-reduce, all-grads-sync,
 # params-all-gather, *-send/-recv, and the optimizer steps that all-reduce a flag or a norm:
@@ -107,7 +160,16 @@ _WAITING_TIMER = re.compile(
     re.IGNORECASE,
 )
 
-_PER_STEP, _REPORT = "per-step", "report"
+# rank_of's fallback is the file name's rank; a rank named in the message comes before it
+_NO_HINT = Source("")
+
+_PER_STEP, _REPORT, _VERDICT, _BENCHMARK = "per-step", "report", "verdict", "benchmark"
+_NEEDED = {
+    _PER_STEP: MIN_SAMPLES,
+    _REPORT: MIN_REPORTS,
+    _VERDICT: MIN_VERDICTS,
+    _BENCHMARK: MIN_BENCHMARKS,
+}
 
 
 @dataclass
@@ -132,6 +194,7 @@ class StragglerDetector:
     failure: ClassVar[Failure] = Failure.STRAGGLER
     # Literal keywords of the lines it reads. "_time" covers step_time, iter_time,
     # compute_time and batch_time; the rest are the other formats' fixed words.
+    # TraceML's verdict and Greyhound's check hold no "time", hence their own (rare) needles.
     keywords: tuple[str, ...] = (
         "_time",
         "step time",
@@ -142,8 +205,11 @@ class StragglerDetector:
         "time (ms) |",
         _MEGATRON_HEADER,
         "elapsed time",
+        _TRACEML_KEY,
+        _GREYHOUND_KEY,
     )
-    needles: tuple[str, ...] = ("time",)  # every keyword above holds it
+    # every keyword holds one of them
+    needles: tuple[str, ...] = ("time", _TRACEML_KEY, _GREYHOUND_KEY)
 
     @classmethod
     def from_thresholds(cls, thresholds: Thresholds) -> StragglerDetector:
@@ -179,14 +245,22 @@ class StragglerDetector:
         if "time (ms) |" in line:
             self._deepspeed(line, where)
             return False
+        if _TRACEML_KEY in line:
+            self._traceml(line, where)
+            return False
+        if _GREYHOUND_KEY in line:
+            self._greyhound(line, where)
+            return False
         self._own_timing(line, where, source)
         return False
 
     def _own_timing(self, line: str, where: Location, source: Source) -> None:
         match = _TIMING.search(line)
+        while match and match.start() and _in_name(line[match.start() - 1]):
+            match = _TIMING.search(line, match.end())  # the end of a longer name: read on
         if not match:
             return
-        rank = rank_of(line, Source(source.name))  # prefix or "Rank N]" first, the file last
+        rank = rank_of(line, _NO_HINT)  # prefix or "Rank N]" first, the file name last
         if rank is None:
             said = _RANK_WORD.search(line, 0, match.start())
             rank = int(said.group(1)) if said else source.rank_hint
@@ -216,6 +290,22 @@ class StragglerDetector:
             if value < _DLROVER_TIMEOUT:
                 node = int(entry["node"])
                 self._add("network_check_time", node, value, where, _REPORT, scope="node")
+
+    def _traceml(self, line: str, where: Location) -> None:
+        for verdict in _TRACEML.finditer(line):
+            # named apart from the other formats' timers: its figures are window summaries
+            metric = "traceml_" + verdict["phase"].replace(" ", "_")
+            for rank, ms in (
+                (verdict["rank"], verdict["worst"]),
+                (verdict["peer"], verdict["median"]),
+            ):
+                self._add(metric, int(rank), float(ms) / 1000.0, where, _VERDICT)
+
+    def _greyhound(self, line: str, where: Location) -> None:
+        match = _GREYHOUND.search(line)
+        if match:
+            avg_ms = float(match["avg"])
+            self._add("greyhound_gemm", int(match["rank"]), avg_ms / 1000.0, where, _BENCHMARK)
 
     def _block_row(self, line: str, where: Location) -> bool:
         """A line inside a Megatron block; False when the line is not part of it."""
@@ -257,8 +347,7 @@ class StragglerDetector:
     def findings(self) -> list[Finding]:
         by_metric: dict[str, dict[int, float]] = {}
         for (metric, rank), series in self._series.items():
-            needed = MIN_REPORTS if series.kind == _REPORT else MIN_SAMPLES
-            if len(series.samples) >= needed:
+            if len(series.samples) >= _NEEDED[series.kind]:
                 by_metric.setdefault(metric, {})[rank] = statistics.median(series.samples)
         slow: dict[int, list[tuple[float, str, float, float, int]]] = {}
         for metric, medians in sorted(by_metric.items()):
