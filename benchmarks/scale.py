@@ -326,6 +326,11 @@ class Result:
     # Every rule's last evaluation time, slowest first: (group, rule, seconds).
     rule_eval_s: list[tuple[str, str, float]] = field(default_factory=list)
     fleet_cpu_share: float = 0.0
+    # Cores Prometheus used over the same window (scrapes, ingestion and every rule group), and
+    # the machine's 1-minute load average at the end: with 2 cores, a load well above what
+    # Prometheus and the fleet account for means other work shared them and slowed the rules.
+    prometheus_cpu_cores: float = 0.0
+    load_average: float = 0.0
     slow_rank: int = -1
     hung_rank: int = -1
     alerts: list[dict[str, Any]] = field(default_factory=list)
@@ -362,7 +367,9 @@ class Result:
             f"exposition_samples_per_rank={self.exposition_samples_per_rank:.0f} "
             f"scrape_duration_p50_s={self.scrape_duration_p50_s:.4f} "
             f"scrape_duration_max_s={self.scrape_duration_max_s:.4f} "
-            f"fleet_cpu_share={self.fleet_cpu_share:.2f}\n"
+            f"fleet_cpu_share={self.fleet_cpu_share:.2f} "
+            f"prometheus_cpu_cores={self.prometheus_cpu_cores:.2f} "
+            f"load_average={self.load_average:.1f}\n"
             f"  rule groups (most since the faults): {groups}; missed iterations: {missed}\n"
             f"  slowest rules by group (last evaluation, s): {rules}"
             + (
@@ -487,6 +494,7 @@ class Run:
             self.rss()
             self.sleep(POLL_SECONDS)
         cpu_before = _cpu_seconds(fleet)
+        prometheus_cpu_before = _cpu_seconds(self.prometheus)
         faults_at = float(httpx.post(f"{fleet_url}/faults", timeout=60).json()["faults_at"])
         started = time.monotonic()
         self.say(f"faults started: rank {r.slow_rank} slowed, rank {r.hung_rank} hung")
@@ -504,6 +512,8 @@ class Run:
             self.sleep(POLL_SECONDS)
         elapsed = time.monotonic() - started
         r.fleet_cpu_share = (_cpu_seconds(fleet) - cpu_before) / elapsed
+        r.prometheus_cpu_cores = (_cpu_seconds(self.prometheus) - prometheus_cpu_before) / elapsed
+        r.load_average = os.getloadavg()[0]
         r.straggler_alert_s = alerts.get((STRAGGLER, str(r.slow_rank)))
         r.stall_alert_s = alerts.get((STALL, str(r.hung_rank)))
         r.alerts = [{"alertname": a, "rank": k, "seconds": t} for (a, k), t in alerts.items()]

@@ -4,7 +4,7 @@ completes, a job that completes no step, a collective the NCCL watchdog aborted.
 from __future__ import annotations
 
 from trainguard import contract as c
-from trainguard.alerts.promql import RANK, J, R, num, on_scheduler_of_job, with_labels
+from trainguard.alerts.promql import J, R, num, on_scheduler_of_job, with_labels
 from trainguard.alerts.rule import WHO, AlertRule
 from trainguard.contract import Alert, Failure, Severity
 from trainguard.thresholds import Thresholds
@@ -17,11 +17,15 @@ SUSPECT = f"{R}, {c.LABEL_LOCAL_RANK}, {c.LABEL_NODE}"
 
 def _collective_stalled(t: Thresholds) -> AlertRule:
     """The job's oldest collective past its threshold, labelled with the suspect rank."""
-    stalled = f"{c.REC_JOB_OLDEST_INFLIGHT}\n> on ({J})\n{c.REC_JOB_STALL_THRESHOLD}"
+    inflight = c.REC_JOB_OLDEST_INFLIGHT
+    stalled = f"{inflight}\n> on ({J})\n{c.REC_JOB_STALL_THRESHOLD}"
     return AlertRule(
         alert=Alert.TRAINING_COLLECTIVE_STALLED,
         severity=Severity.CRITICAL,
-        expr=on_scheduler_of_job(with_labels(stalled, J, SUSPECT, c.REC_JOB_COLLECTIVE_LAGGARD)),
+        expr=on_scheduler_of_job(
+            with_labels(stalled, J, SUSPECT, c.REC_JOB_COLLECTIVE_LAGGARD, inflight),
+            inflight,
+        ),
         for_=t.collective_stall_for,
         summary="Collective stalled in job {{ $labels.job_id }}"
         "{{ with $labels.rank }}; suspect rank {{ . }}{{ end }}",
@@ -36,12 +40,12 @@ def _collective_stalled(t: Thresholds) -> AlertRule:
 
 
 def _nccl_timeout(t: Thresholds) -> AlertRule:
+    # Recorded where non-zero: each rank's timeouts in the window.
+    timeouts = c.REC_RANK_COLLECTIVE_TIMEOUTS
     return AlertRule(
         alert=Alert.TRAINING_NCCL_TIMEOUT,
         severity=Severity.CRITICAL,
-        expr=on_scheduler_of_job(
-            f"sum by ({RANK}) (increase({c.COLLECTIVE_TIMEOUTS.name}[{t.nccl_timeout_window}])) > 0"
-        ),
+        expr=on_scheduler_of_job(timeouts, timeouts),
         summary="NCCL collective timeout on rank {{ $labels.rank }} of job {{ $labels.job_id }}",
         description=f"A collective on {WHO} ran past its process group's timeout in the last "
         f"{t.nccl_timeout_window}; the NCCL watchdog aborts the job.",
@@ -51,12 +55,13 @@ def _nccl_timeout(t: Thresholds) -> AlertRule:
 def _stalled(t: Thresholds) -> AlertRule:
     """No rank completes a step, labelled with the rank whose last step is oldest."""
     # Both read per-job recorded series: no pass over every rank's last step here.
-    stalled = f"time() - {c.REC_JOB_LAST_STEP} > {num(t.stalled_seconds)}"
+    last = c.REC_JOB_LAST_STEP
+    stalled = f"time() - {last} > {num(t.stalled_seconds)}"
     stalest = c.REC_JOB_STALEST_RANK
     return AlertRule(
         alert=Alert.TRAINING_STALLED,
         severity=Severity.CRITICAL,
-        expr=on_scheduler_of_job(with_labels(stalled, J, SUSPECT, stalest)),
+        expr=on_scheduler_of_job(with_labels(stalled, J, SUSPECT, stalest, last), last),
         for_=t.stalled_for,
         summary="Training job {{ $labels.job_id }} makes no progress",
         description="No rank of job {{ $labels.job_id }} has completed a step for "

@@ -12,21 +12,16 @@ from trainguard.thresholds import Thresholds
 FAILURES = (Failure.OOM,)
 
 
-def _increase(t: Thresholds, counter: c.MetricSpec) -> str:
-    return f"sum by ({RANK}) (increase({counter.name}[{t.oom_window}]))"
-
-
 def _oom(t: Thresholds) -> list[AlertRule]:
     """Critical when the OOM guard did not recover, warning when it did (by splitting)."""
-    oom = _increase(t, c.OOM_EVENTS)
-    recovered = _increase(t, c.OOM_RECOVERIES)
+    oom = c.REC_RANK_OOM_EVENTS
     # Counted OOMs not followed by a recovery; a hook without the recovery counter counts 0.
-    unrecovered = f"{oom}\n- on ({RANK})\n({recovered} or 0 * {oom})"
+    unrecovered = f"{oom}\n- on ({RANK})\n({c.REC_RANK_OOM_RECOVERIES} or 0 * {oom})"
     return [
         AlertRule(
             alert=Alert.TRAINING_OOM,
             severity=Severity.CRITICAL,
-            expr=on_scheduler_of_job(f"{unrecovered}\n> 0.5"),
+            expr=on_scheduler_of_job(f"{unrecovered}\n> 0.5", oom),
             summary="CUDA out of memory on rank {{ $labels.rank }} of job {{ $labels.job_id }}",
             description="{{ $value | printf `%.0f` }} out-of-memory error(s) in the last "
             f"{t.oom_window} on {WHO} were not recovered by the OOM guard; the step failed.",
@@ -34,7 +29,9 @@ def _oom(t: Thresholds) -> list[AlertRule]:
         AlertRule(
             alert=Alert.TRAINING_OOM,
             severity=Severity.WARNING,
-            expr=on_scheduler_of_job(f"{oom} > 0.5\nunless on ({RANK})\n({unrecovered} > 0.5)"),
+            expr=on_scheduler_of_job(
+                f"{oom} > 0.5\nunless on ({RANK})\n({unrecovered} > 0.5)", oom
+            ),
             summary="Recovered out-of-memory errors on rank {{ $labels.rank }} of job "
             "{{ $labels.job_id }}",
             description="{{ $value | printf `%.0f` }} out-of-memory error(s) in the last "
@@ -47,19 +44,14 @@ def _oom(t: Thresholds) -> list[AlertRule]:
 def _oom_risk(t: Thresholds) -> AlertRule:
     """Little headroom left, or less headroom with allocations growing to the limit."""
     headroom = c.REC_RANK_MEMORY_HEADROOM
-    growing = (
-        f"sum by ({RANK}) (predict_linear("
-        f"{c.MEMORY_ALLOCATED.name}[{t.oom_risk_predict_window}], "
-        f"{num(t.oom_risk_predict_horizon_seconds)}))\n"
-        f"    >= on ({RANK})\n    sum by ({RANK}) ({c.MEMORY_CAPACITY.name})"
-    )
     return AlertRule(
         alert=Alert.TRAINING_OOM_RISK,
         severity=Severity.WARNING,
         expr=on_scheduler_of_job(
             f"{headroom} < {num(t.oom_risk_headroom_ratio)}\nor\n"
             f"(\n  {headroom} < {num(t.oom_risk_predict_headroom_ratio)}\n"
-            f"  and on ({RANK})\n  (\n    {growing}\n  )\n)"
+            f"  and on ({RANK})\n  {c.REC_RANK_MEMORY_AT_CAPACITY}\n)",
+            headroom,
         ),
         for_=t.oom_risk_for,
         summary="Memory about to run out on rank {{ $labels.rank }} of job {{ $labels.job_id }}",
@@ -72,16 +64,14 @@ def _oom_risk(t: Thresholds) -> AlertRule:
 
 def _fragmentation(t: Thresholds) -> AlertRule:
     """Reserved memory holding no tensor, while the allocator has to retry."""
-    retries = (
-        f"sum by ({RANK}) (increase({c.MEMORY_ALLOC_RETRIES.name}"
-        f"[{t.fragmentation_retry_window}])) > 0"
-    )
+    retries = c.REC_RANK_ALLOC_RETRIES
     return AlertRule(
         alert=Alert.TRAINING_MEMORY_FRAGMENTATION,
         severity=Severity.WARNING,
         expr=on_scheduler_of_job(
             f"max by ({RANK}) ({c.MEMORY_FRAGMENTATION.name}) > "
-            f"{num(t.fragmentation_ratio)}\nand on ({RANK})\n({retries})"
+            f"{num(t.fragmentation_ratio)}\nand on ({RANK})\n{retries}",
+            retries,
         ),
         for_=t.fragmentation_for,
         summary="Fragmented GPU memory on rank {{ $labels.rank }} of job {{ $labels.job_id }}",

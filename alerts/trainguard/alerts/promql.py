@@ -39,26 +39,37 @@ def quantile(q: float, metric: str, by: str, window: str) -> str:
     return f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket[{window}])))"
 
 
-def with_labels(condition: str, on: str, labels: str, source: str) -> str:
+def with_labels(condition: str, on: str, labels: str, source: str, cover: str) -> str:
     """``condition`` with ``labels`` copied from the one ``source`` series of its group.
 
-    Falls back to the bare condition where ``source`` has no series, so a missing helper
-    series never silences an alert.
+    ``cover`` has a series for every ``on`` group the condition can hold: the groups of an
+    operand the condition requires (a recorded series, cheap to read), or, where the condition
+    reads few series, the condition itself. A group ``source`` lacks joins its ``cover`` series
+    instead and goes without the labels, so a missing helper series never silences an alert,
+    and the condition is evaluated once (a fallback ``or`` would evaluate it twice, over every
+    rank of a job).
     """
     return (
-        f"(\n{condition}\n)\n* on ({on}) group_left ({labels})\n(0 * {source} + 1)\n"
-        f"or on ({on})\n(\n{condition}\n)"
+        f"(\n{condition}\n)\n* on ({on}) group_left ({labels})\n"
+        f"(\n  0 * (\n    {source}\n    or on ({on})\n    group by ({on}) ({cover})\n  ) + 1\n)"
     )
 
 
-def on_scheduler_of_job(condition: str) -> str:
-    """A job's alert, labelled with where the job runs (the remediation service's routing)."""
-    return with_labels(condition, J, SCHEDULER, contract.REC_JOB_SCHEDULER)
+def on_scheduler_of_job(condition: str, cover: str) -> str:
+    """A job's alert, labelled with where the job runs (the remediation service's routing);
+    ``cover``: see ``with_labels``."""
+    return with_labels(condition, J, SCHEDULER, contract.REC_JOB_SCHEDULER, cover)
 
 
 def on_scheduler_of_node(condition: str) -> str:
-    """A node's alert, labelled with the scheduler of the training ranks it runs, if any."""
-    return with_labels(condition, N, contract.LABEL_SCHEDULER, contract.REC_NODE_SCHEDULER)
+    """A node's alert, labelled with the scheduler of the training ranks it runs, if any.
+
+    Node alerts read the exporter's per-GPU series, a few per node and none per rank, and
+    their conditions hold few series, so the condition is its own cover (``with_labels``).
+    """
+    return with_labels(
+        condition, N, contract.LABEL_SCHEDULER, contract.REC_NODE_SCHEDULER, condition
+    )
 
 
 def warmed_up(t: Thresholds) -> str:

@@ -40,20 +40,23 @@ def _complete() -> str:
 
 def _rank_down(t: Thresholds) -> AlertRule:
     """A member rank's endpoint down (up 0) or gone (target vanished) while its job still
-    runs; ranks the job re-formed without are not down, they were left out."""
+    runs; ranks the job re-formed without are not down, they were left out.
+
+    Down or gone is one set: every rank seen within ``rank_absent_window`` unless it is up
+    now (a rank whose target is up again elsewhere, with another node or local rank, is up).
+    """
+    up_now = f"{RANK_UP} == 1"
     rank_down = (
-        f"(\n  (max by ({RANK}) ({RANK_UP}) == 0)\n"
-        f"  unless on ({J}, {R}) ({RANK_UP} == 1)\n"
-        f"or\n  group by ({RANK}) (max_over_time({RANK_UP}[{t.rank_absent_window}]))\n"
-        f"  unless on ({J}, {R}) {RANK_UP}\n)\n"
-        f"and on ({J}) (max by ({J}) ({RANK_UP}) == 1)\n"
+        f"group by ({RANK}) (max_over_time({RANK_UP}[{t.rank_absent_window}]))\n"
+        f"unless on ({J}, {R}) ({up_now})\n"
+        f"and on ({J}) ({up_now})\n"
         f"unless on ({J}, {R}) (\n{_left_out(t.rank_absent_window)}\n)\n"
         f"unless on ({J}) (\n{_complete()}\n)"
     )
     return AlertRule(
         alert=Alert.TRAINING_RANK_DOWN,
         severity=Severity.CRITICAL,
-        expr=on_scheduler_of_job(rank_down),
+        expr=on_scheduler_of_job(rank_down, up_now),
         for_=t.rank_down_for,
         summary="Rank {{ $labels.rank }} of job {{ $labels.job_id }} is down",
         description=f"The metrics endpoint of {WHO} is down or gone while other ranks of the "

@@ -1,13 +1,15 @@
 """The recording rules: per-rank and per-job series every alert, dashboard and diagnosis reads.
 
-Two groups, so that each stays bounded as a job grows (docs/alerts.md#how-the-rules-scale):
-``rank_rules`` read the ranks' raw series, once each, and keep per-rank means and per-job
-aggregates (bucket rates, the oldest collective, the last step); ``job_rules`` read recorded
-series only (per-job medians and quantiles, each rank's ratio to its job's median joined on the
-job). Within a group rules run in order (later rules read earlier ones); the alert group reads
-both, at most one evaluation interval behind. The reliability rules (the remediation service's
-success rate and MTTR over an hour to a week) feed dashboards only, so they run in a group of
-their own, once a minute.
+In groups that each stay bounded as a job grows (``recording_groups``,
+docs/alerts.md#how-the-rules-scale): the ``ranks*`` groups read the ranks' raw series, each
+group its part of them, once per evaluation, and keep per-rank means, per-job aggregates (bucket
+rates, the oldest collective, the last step) and the alerts' long-window inputs where non-zero;
+the ``jobs*`` groups read recorded series only (per-job medians and quantiles, each rank's ratio
+to its job's median joined on the job, the phase split). Within a group rules run in order
+(later rules read earlier ones); across groups, and in the alert group, a rule reads the others'
+recorded series as of their last evaluation, at most one interval behind. The reliability rules
+(the remediation service's success rate and MTTR over an hour to a week) feed dashboards only,
+so they run in a group of their own, once a minute.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard import contract
-from trainguard.alerts.promql import PHASE, RANK, SCHEDULER, J, N, mean, num, quantile
+from trainguard.alerts.promql import PHASE, RANK, SCHEDULER, J, N, R, mean, num
 from trainguard.thresholds import Thresholds
 
 
 def one_scheduler_per(level: str, labels: str, window: str, *preferred: str) -> str:
     """Per ``level`` value, the ``labels`` its ranks report in ``rank_info``, or no series.
 
+    Reads the ranks' ``rank_info`` as recorded per job and node (``REC_JOB_NODE_SCHEDULER``).
     Tiers, the first that has an answer wins: ranks reporting now that name a scheduler and
     one of the ``preferred`` labels (the handle an executor needs); ranks reporting now that
     name a scheduler; ranks that named one within ``window`` (an alert that outlives its
@@ -29,13 +32,12 @@ def one_scheduler_per(level: str, labels: str, window: str, *preferred: str) -> 
     alert goes without the labels (to the service's default scheduler) rather than to a
     scheduler picked at random.
     """
-    info = contract.RANK_INFO.name
-    named = f'{contract.LABEL_SCHEDULER}!=""'
-    fresh_with_handle = " or ".join(f'{info}{{{named},{label}!=""}}' for label in preferred)
+    info = contract.REC_JOB_NODE_SCHEDULER
+    fresh_with_handle = " or ".join(f'{info}{{{label}!=""}}' for label in preferred)
     tiers = [
         *([fresh_with_handle] if preferred else []),
-        f"{info}{{{named}}}",
-        f"last_over_time({info}{{{named}}}[{window}])",
+        info,
+        f"last_over_time({info}[{window}])",
     ]
 
     def unambiguous(selector: str) -> str:
@@ -51,7 +53,12 @@ Rule = tuple[str, str]  # (record, expr)
 def _schedulers(t: Thresholds) -> list[Rule]:
     """Where each job and node runs: the labels alerts copy for remediation's routing."""
     c = contract
+    info = contract.RANK_INFO.name
     return [
+        (
+            c.REC_JOB_NODE_SCHEDULER,
+            f'max by ({J}, {N}, {SCHEDULER}) ({info}{{{c.LABEL_SCHEDULER}!=""}})',
+        ),
         (
             c.REC_JOB_SCHEDULER,
             one_scheduler_per(
@@ -70,52 +77,80 @@ def _schedulers(t: Thresholds) -> list[Rule]:
 
 
 def _rank_step_times(w: str) -> list[Rule]:
-    """Step, compute, sync-wait and phase times per rank, from the ranks' raw series."""
+    """Step, compute and sync-wait times per rank, from the ranks' raw series."""
     c = contract
-    phase_mean = c.REC_RANK_PHASE_MEAN
-    data = f'{phase_mean}{{{PHASE}="{c.Phase.DATA.value}"}}'
-    forward = f'{phase_mean}{{{PHASE}="{c.Phase.FORWARD.value}"}}'
-    fwd_data = f"{data}\nor\n{forward}"
     return [
         (c.REC_RANK_STEPS_RATE, f"sum by ({RANK}) (rate({c.STEPS.name}[{w}]))"),
         (c.REC_RANK_STEP_DURATION_MEAN, mean(c.STEP_DURATION.name, RANK, w)),
         (c.REC_RANK_COMPUTE_MEAN, mean(c.STEP_COMPUTE_DURATION.name, RANK, w)),
         (c.REC_RANK_SYNC_WAIT_MEAN, mean(c.SYNC_WAIT_DURATION.name, RANK, w)),
-        (c.REC_RANK_PHASE_MEAN, mean(c.STEP_PHASE_DURATION.name, f"{RANK}, {PHASE}", w)),
-        # Compute time split by phase: data and forward as measured; backward compute is what
-        # is left of the compute time, since the backward phase also holds the wait on peers.
-        # Equality matchers on the recorded means (no regex over the ranks' series).
-        (
-            c.REC_RANK_PHASE_COMPUTE_MEAN,
-            f"{fwd_data}\nor\nlabel_replace(\n  clamp_min(\n    {c.REC_RANK_COMPUTE_MEAN}\n"
-            f"    - on ({RANK})\n    sum by ({RANK}) ({data} or {forward}),\n"
-            f'    0\n  ),\n  "{PHASE}", "{c.Phase.BACKWARD.value}", "", ""\n)',
-        ),
-        (
-            c.REC_RANK_DATA_WAIT_RATIO,
-            f"{data}\n/ on ({RANK})\n{c.REC_RANK_STEP_DURATION_MEAN}",
-        ),
     ]
 
 
-def _rank_latencies_and_memory(w: str) -> list[Rule]:
-    """The one pass over the ranks' histogram buckets (per job, or per rank for the dashboards'
-    per-rank gradient sync), and memory headroom."""
+def _rank_phases(w: str) -> list[Rule]:
+    """Phase times per rank, from the ranks' raw series (the phase split and the dashboards)."""
+    c = contract
+    return [(c.REC_RANK_PHASE_MEAN, mean(c.STEP_PHASE_DURATION.name, f"{RANK}, {PHASE}", w))]
+
+
+def _job_step_buckets(w: str) -> list[Rule]:
+    """The one pass over the ranks' step-time buckets, summed per job (the job's step-time
+    quantiles read these, never the ranks' buckets)."""
     c = contract
     return [
         (
             c.REC_JOB_STEP_DURATION_BUCKET_RATE,
             f"sum by ({J}, le) (rate({c.STEP_DURATION.bucket_name}[{w}]))",
         ),
+    ]
+
+
+def _rank_sync(w: str) -> list[Rule]:
+    """The one pass over the ranks' gradient-sync buckets, summed per job, and each rank's mean
+    gradient sync time (the dashboards: the rank the others wait for syncs least)."""
+    c = contract
+    return [
         (
             c.REC_JOB_GRAD_SYNC_BUCKET_RATE,
             f"sum by ({J}, le) (rate({c.GRAD_SYNC_DURATION.bucket_name}[{w}]))",
         ),
-        (c.REC_RANK_GRAD_SYNC_P99, quantile(0.99, c.GRAD_SYNC_DURATION.name, RANK, w)),
+        (c.REC_RANK_GRAD_SYNC_MEAN, mean(c.GRAD_SYNC_DURATION.name, RANK, w)),
+    ]
+
+
+def _rank_memory() -> list[Rule]:
+    """Memory headroom per rank."""
+    c = contract
+    return [
         (
             c.REC_RANK_MEMORY_HEADROOM,
             f"1 - sum by ({RANK}) ({c.MEMORY_RESERVED.name})\n"
             f"/ sum by ({RANK}) ({c.MEMORY_CAPACITY.name} > 0)",
+        ),
+    ]
+
+
+def _rank_alert_inputs(t: Thresholds) -> list[Rule]:
+    """The alerts' per-rank inputs over long windows (OOMs, timeouts, allocator retries, the
+    memory trend): one pass over the raw series, kept where non-zero, so the alerts, and
+    their ``cover`` of the scheduler join, read a handful of recorded series, not every rank's
+    window twice."""
+    c = contract
+
+    def increased(counter: contract.MetricSpec, window: str) -> str:
+        return f"sum by ({RANK}) (increase({counter.name}[{window}])) > 0"
+
+    return [
+        (c.REC_RANK_OOM_EVENTS, increased(c.OOM_EVENTS, t.oom_window)),
+        (c.REC_RANK_OOM_RECOVERIES, increased(c.OOM_RECOVERIES, t.oom_window)),
+        (c.REC_RANK_COLLECTIVE_TIMEOUTS, increased(c.COLLECTIVE_TIMEOUTS, t.nccl_timeout_window)),
+        (c.REC_RANK_ALLOC_RETRIES, increased(c.MEMORY_ALLOC_RETRIES, t.fragmentation_retry_window)),
+        (
+            c.REC_RANK_MEMORY_AT_CAPACITY,
+            f"sum by ({RANK}) (predict_linear("
+            f"{c.MEMORY_ALLOCATED.name}[{t.oom_risk_predict_window}], "
+            f"{num(t.oom_risk_predict_horizon_seconds)}))\n"
+            f">= on ({RANK})\nsum by ({RANK}) ({c.MEMORY_CAPACITY.name})",
         ),
     ]
 
@@ -152,15 +187,6 @@ def _jobs(t: Thresholds) -> list[Rule]:
             c.REC_RANK_COMPUTE_RATIO,
             f"{c.REC_RANK_COMPUTE_MEAN}\n/ on ({J}) group_left ()\n{c.REC_JOB_COMPUTE_MEDIAN}",
         ),
-        (
-            c.REC_JOB_PHASE_COMPUTE_MEDIAN,
-            f"quantile by ({J}, {PHASE}) (0.5, {c.REC_RANK_PHASE_COMPUTE_MEAN})",
-        ),
-        (
-            c.REC_RANK_PHASE_COMPUTE_EXCESS,
-            f"{c.REC_RANK_PHASE_COMPUTE_MEAN}\n- on ({J}, {PHASE}) group_left ()\n"
-            f"{c.REC_JOB_PHASE_COMPUTE_MEDIAN}",
-        ),
         (c.REC_JOB_GRAD_SYNC_P50, _job_quantile(0.5, c.REC_JOB_GRAD_SYNC_BUCKET_RATE)),
         (c.REC_JOB_GRAD_SYNC_P99, _job_quantile(0.99, c.REC_JOB_GRAD_SYNC_BUCKET_RATE)),
         # The hour's p99 from the job's recorded 5-minute bucket rates averaged over the hour
@@ -182,6 +208,52 @@ def _jobs(t: Thresholds) -> list[Rule]:
     ]
 
 
+def _job_phases() -> list[Rule]:
+    """What the recorded phase and compute means make of each other: each rank's compute split
+    by phase and its share of the step spent waiting for data."""
+    c = contract
+    phase_mean = c.REC_RANK_PHASE_MEAN
+    data = f'{phase_mean}{{{PHASE}="{c.Phase.DATA.value}"}}'
+    forward = f'{phase_mean}{{{PHASE}="{c.Phase.FORWARD.value}"}}'
+    return [
+        # Compute time split by phase: data and forward as measured; backward compute is what
+        # is left of the compute time, since the backward phase also holds the wait on peers.
+        # Equality matchers on the recorded means (no regex over the ranks' series).
+        (
+            c.REC_RANK_PHASE_COMPUTE_MEAN,
+            f"{data}\nor\n{forward}\nor\nlabel_replace(\n  clamp_min(\n"
+            f"    {c.REC_RANK_COMPUTE_MEAN}\n    - on ({RANK})\n"
+            f"    sum by ({RANK}) ({data} or {forward}),\n"
+            f'    0\n  ),\n  "{PHASE}", "{c.Phase.BACKWARD.value}", "", ""\n)',
+        ),
+        (
+            c.REC_RANK_DATA_WAIT_RATIO,
+            f"{data}\n/ on ({RANK})\n{c.REC_RANK_STEP_DURATION_MEAN}",
+        ),
+    ]
+
+
+def _job_phase_medians() -> list[Rule]:
+    """Each phase of each rank against its job's median, and the phase in which each rank
+    exceeds it most (the straggler alert's label, read for a few ranks, not 4 x every rank)."""
+    c = contract
+    return [
+        (
+            c.REC_JOB_PHASE_COMPUTE_MEDIAN,
+            f"quantile by ({J}, {PHASE}) (0.5, {c.REC_RANK_PHASE_COMPUTE_MEAN})",
+        ),
+        (
+            c.REC_RANK_PHASE_COMPUTE_EXCESS,
+            f"{c.REC_RANK_PHASE_COMPUTE_MEAN}\n- on ({J}, {PHASE}) group_left ()\n"
+            f"{c.REC_JOB_PHASE_COMPUTE_MEDIAN}",
+        ),
+        (
+            c.REC_RANK_SLOWEST_PHASE,
+            f"topk by ({J}, {R}) (1, {c.REC_RANK_PHASE_COMPUTE_EXCESS})",
+        ),
+    ]
+
+
 _HOUR = "1h"
 
 
@@ -189,28 +261,35 @@ def _job_quantile(q: float, bucket_rates: str) -> str:
     return f"histogram_quantile({q}, sum by ({J}, le) ({bucket_rates}))"
 
 
-def rank_rules(t: Thresholds) -> list[dict[str, str]]:
-    """The recording rules that read the ranks' raw series (their cost grows with the ranks),
-    in evaluation order."""
+def recording_groups(t: Thresholds) -> list[tuple[str, list[dict[str, str]]]]:
+    """The recording rules as (group name suffix, rules in evaluation order), in the order the
+    groups are laid out.
+
+    The ``ranks*`` groups read the ranks' raw series, each a different part of a rank's
+    exposition once, so no group's evaluation grows with more than its share of a job's
+    series; the ``jobs*`` groups read recorded series only. Prometheus runs groups
+    concurrently, each at its own offset in the interval, and a group reads another's recorded
+    series as of that group's last evaluation (``jobs-phases`` reads the step and phase means).
+    """
     w = t.rate_window
-    rules = [
-        *_schedulers(t),
-        *_rank_step_times(w),
-        *_rank_latencies_and_memory(w),
-        *_rank_hangs(),
-    ]
-    return _as_records(rules)
-
-
-def job_rules(t: Thresholds) -> list[dict[str, str]]:
-    """The recording rules that read recorded series only, in evaluation order."""
-    return _as_records(_jobs(t))
+    groups = {
+        "ranks": _rank_step_times(w),
+        "ranks-phases": _rank_phases(w),
+        "ranks-step-buckets": _job_step_buckets(w),
+        "ranks-sync": _rank_sync(w),
+        "ranks-health": [*_schedulers(t), *_rank_memory(), *_rank_hangs()],
+        "ranks-alert-inputs": _rank_alert_inputs(t),
+        "jobs": _jobs(t),
+        "jobs-phases": _job_phases(),
+        "jobs-phase-medians": _job_phase_medians(),
+    }
+    return [(suffix, _as_records(rules)) for suffix, rules in groups.items()]
 
 
 def recording_rules(t: Thresholds) -> list[dict[str, str]]:
-    """Every recording rule the alerts read, in evaluation order (later rules read earlier
-    ones): the per-rank group's, then the per-job group's."""
-    return [*rank_rules(t), *job_rules(t)]
+    """Every recording rule the alerts and dashboards read, group after group, each group's in
+    evaluation order (later rules read earlier ones)."""
+    return [rule for _, group in recording_groups(t) for rule in group]
 
 
 def _as_records(rules: list[Rule]) -> list[dict[str, str]]:

@@ -20,22 +20,15 @@ from typing import Any
 import yaml
 
 from trainguard.alerts import gpus, hangs, memory, nccl, ranks, stragglers
-from trainguard.alerts.recording import (
-    job_rules,
-    rank_rules,
-    recording_rules,
-    reliability_group,
-)
+from trainguard.alerts.recording import recording_groups, recording_rules, reliability_group
 from trainguard.alerts.rule import AlertRule
 from trainguard.contract import Alert
 from trainguard.thresholds import Thresholds
 
 __all__ = [
     "GROUP",
-    "JOB_GROUP",
     "MODULES",
-    "RANK_GROUP",
-    "alert_rules",
+    "alert_group_name",
     "dump",
     "groups",
     "recording_rules",
@@ -43,16 +36,15 @@ __all__ = [
     "rules_of",
 ]
 
-# The alert group. The recording rules it reads run in two groups before it: the per-rank rules
-# (``<GROUP>-ranks``, the one pass over the ranks' raw series) and the per-job rules
-# (``<GROUP>-jobs``, recorded series only). Prometheus runs groups independently, so an alert
-# may read recording rules one evaluation interval old: the price of groups whose evaluation
-# stays bounded as ranks grow (docs/alerts.md#how-the-rules-scale). promtool's unit tests
-# evaluate the groups in file order at each step. The reliability rules, which no alert reads,
-# follow in a group of their own (``recording.reliability_group``).
+# The groups: the recording rules' (``recording.recording_groups``: ``<GROUP>-ranks``, ...,
+# ``<GROUP>-jobs-phase-medians``), each one pass over its part of the ranks' raw series or over
+# recorded series only; then one alert group per failure module (``<GROUP>-alerts-memory``,
+# ...); then the reliability rules, which no alert reads (``recording.reliability_group``).
+# Prometheus runs groups independently, so a group may read another's recorded series one
+# evaluation interval old: the price of groups whose evaluation stays bounded as ranks grow
+# (docs/alerts.md#how-the-rules-scale). promtool's unit tests evaluate the groups in file order
+# at each step.
 GROUP = "trainguard"
-RANK_GROUP = f"{GROUP}-ranks"
-JOB_GROUP = f"{GROUP}-jobs"
 
 # The failure modules; each has FAILURES (the contract.Failure values its rules report) and
 # rules(t) -> list[AlertRule].
@@ -61,23 +53,31 @@ MODULES: tuple[ModuleType, ...] = (memory, stragglers, hangs, ranks, gpus, nccl)
 _ORDER = {alert: index for index, alert in enumerate(Alert)}
 
 
-def rules_of(t: Thresholds) -> list[AlertRule]:
-    """Every alert rule, in the contract's ``Alert`` order (an alert's severities in order)."""
-    found: list[AlertRule] = [rule for module in MODULES for rule in module.rules(t)]
+def rules_of(t: Thresholds, module: ModuleType | None = None) -> list[AlertRule]:
+    """Every alert rule (of one failure module, if given), in the contract's ``Alert`` order
+    (an alert's severities in order)."""
+    modules = MODULES if module is None else (module,)
+    found: list[AlertRule] = [rule for m in modules for rule in m.rules(t)]
     return sorted(found, key=lambda rule: _ORDER[rule.alert])
 
 
-def alert_rules(t: Thresholds) -> list[dict[str, Any]]:
-    """One or more rules per alert of the contract (a second rule splits severities)."""
-    return [rule.render(t.runbook_base_url) for rule in rules_of(t)]
+def alert_group_name(module: ModuleType) -> str:
+    """``<GROUP>-alerts-<module>``: one alert group per failure module."""
+    return f"{GROUP}-alerts-{module.__name__.rpartition('.')[2]}"
 
 
 def groups(t: Thresholds) -> list[dict[str, Any]]:
-    """The rule groups, as the rules file and the Kubernetes ``PrometheusRule`` both hold them."""
+    """The rule groups, as the rules file and the Kubernetes ``PrometheusRule`` both hold them:
+    the recording groups, one alert group per failure module, the reliability group."""
     return [
-        {"name": RANK_GROUP, "rules": rank_rules(t)},
-        {"name": JOB_GROUP, "rules": job_rules(t)},
-        {"name": GROUP, "rules": alert_rules(t)},
+        *({"name": f"{GROUP}-{suffix}", "rules": rules} for suffix, rules in recording_groups(t)),
+        *(
+            {
+                "name": alert_group_name(module),
+                "rules": [rule.render(t.runbook_base_url) for rule in rules_of(t, module)],
+            }
+            for module in MODULES
+        ),
         reliability_group(GROUP, t),
     ]
 

@@ -19,11 +19,15 @@ def _straggler(t: Thresholds) -> AlertRule:
         f"and on ({J}) ({c.REC_JOB_RANKS_REPORTING} >= {t.straggler_min_ranks})\n"
         f"and on ({J}, {R}) ({warmed_up(t)})"
     )
-    slowest_phase = f"topk by ({J}, {R}) (1, {c.REC_RANK_PHASE_COMPUTE_EXCESS})"
     return AlertRule(
         alert=Alert.TRAINING_STRAGGLER,
         severity=Severity.WARNING,
-        expr=on_scheduler_of_job(with_labels(straggler, f"{J}, {R}", PHASE, slowest_phase)),
+        expr=on_scheduler_of_job(
+            with_labels(
+                straggler, f"{J}, {R}", PHASE, c.REC_RANK_SLOWEST_PHASE, c.REC_RANK_COMPUTE_RATIO
+            ),
+            c.REC_JOB_RANKS_REPORTING,
+        ),
         for_=t.straggler_for,
         summary="Straggler: rank {{ $labels.rank }} of job {{ $labels.job_id }} on node "
         "{{ $labels.node }}",
@@ -41,7 +45,8 @@ def _dataloader_bound(t: Thresholds) -> AlertRule:
         severity=Severity.WARNING,
         expr=on_scheduler_of_job(
             f"{c.REC_RANK_DATA_WAIT_RATIO} > {num(t.dataloader_wait_ratio)}\n"
-            f"and on ({J}, {R}) ({warmed_up(t)})"
+            f"and on ({J}, {R}) ({warmed_up(t)})",
+            c.REC_RANK_DATA_WAIT_RATIO,
         ),
         for_=t.dataloader_for,
         summary="Data loading bounds rank {{ $labels.rank }} of job {{ $labels.job_id }}",

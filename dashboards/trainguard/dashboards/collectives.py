@@ -33,10 +33,10 @@ def _gradient_sync() -> list[PanelBuilder]:
             Query(quantile(0.99, sync, f), "p99", exemplar=True),
         ),
         series(
-            "Gradient sync p99 by rank",
-            "A rank with a much lower p99 than its peers is the one they wait for.",
+            "Gradient sync time by rank (mean)",
+            "A rank with a much lower mean than its peers is the one they wait for.",
             "s",
-            Query(f"{c.REC_RANK_GRAD_SYNC_P99}{{{f}}}", "rank {{rank}}"),
+            Query(f"{c.REC_RANK_GRAD_SYNC_MEAN}{{{f}}}", "rank {{rank}}"),
         ),
         series(
             "Parameter all-gather latency (FSDP)",
