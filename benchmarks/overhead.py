@@ -61,24 +61,49 @@ CPU per DDP step, measured), an artifact of the build order that made the last-b
 printed per variant. So is each instrumented replica's timing source at the end (DDP's reducer
 timers, the collective timeline, or wall clock once the hook gave the timers up).
 
-Training-thread time per step: a 300 ms step hides microseconds, so before the large model
-runs, each rank measures the hook's own work on a tiny model of the same kind in the same
-process group (DDP: Linear(16, 16); FSDP2: three ``fully_shard`` Linear(16, 16) units and the
-root): plain, default and production interleaved in many short blocks (about a second each:
-``--tiny-steps`` steps, ``--tiny-rounds`` rounds), as the training thread's own CPU time
-(``time.thread_time_ns``). Here only the variant whose block runs is instrumented: it is
-instrumented before its block (a few unmeasured steps follow) and uninstrumented after it,
-because an idle replica's worker keeps waking (every 10-100 ms, backing off to once a second)
-and would tax every other block, plain's most (plain runs with no hook in the process at all).
-The worker's processing, which in real training overlaps the GIL-free C++ of forward and
-backward, is not charged there; whatever the hook makes the training thread do is, in Python or
-in C++ (the DDP runtime statistics the hook asks DDP for), and so is what the training thread
-spends switching when the hook's threads take the GIL (the training thread's context switches
-per step are printed beside it). The figure is the median over rounds of the per-round
-difference, instrumented minus plain, of the two ranks' mean. On this machine a tiny FSDP2 step
-costs several milliseconds of Python and twenty context switches, and adjacent blocks differ by
-hundreds of microseconds: the FSDP2 figure resolves about +-100 us, not the 50 us of its
-target.
+Training-thread time per step: a 300 ms step hides microseconds, so the hook's own work is
+measured on a tiny model of the same kind, as the training thread's own CPU time
+(``time.thread_time_ns``). The figure is the median over rounds of the per-round difference,
+instrumented minus plain.
+
+DDP (Linear(16, 16), in each rank before the large model runs, in the same process group):
+plain, default and production interleaved in short blocks (about a second each:
+``--tiny-steps`` steps, ``--tiny-rounds`` rounds), each round's figure the two ranks' mean.
+Here only the variant whose block runs is instrumented: it is instrumented before its block (a
+few unmeasured steps follow) and uninstrumented after it, because an idle replica's worker
+keeps waking (every 10-100 ms, backing off to once a second) and would tax every other block,
+plain's most (plain runs with no hook in the process at all). The worker's processing, which in
+real training overlaps the GIL-free C++ of forward and backward, is not charged there; whatever
+the hook makes the training thread do is, in Python or in C++ (the DDP runtime statistics the
+hook asks DDP for), and so is what the training thread spends switching when the hook's threads
+take the GIL (the training thread's context switches per step are printed beside it).
+
+FSDP2 (three ``fully_shard`` Linear(16, 16) units and the root): over gloo a tiny FSDP2 step is
+4 ms of Python on the training thread but 17-25 ms of wall time here (two ranks on two shared
+cores waiting on each other nine times a step), and its CPU time spreads several hundred
+microseconds from step to step, so blocks of it resolved the hook's tens of microseconds to
+about +-100 us, and 160 rounds to +-15 us. So the FSDP2 figure comes from one process of its own
+(before the ranks start) on torch's fake process group (``init_process_group("fake")`` with a
+``HashStore``, world size 2, rank 0: the same ``fully_shard`` code, the same nine collectives
+through the same ``torch.distributed`` functions and so through the timeline's wraps, but
+collectives that return at once): a step is then 3 ms of wall time as well as of CPU. Four
+replicas exist throughout, as plain, default, production (its spans exported over OTLP to this
+benchmark's receiver, ``/metrics`` served and scraped every 15 s, the watchdog on) and a second
+plain replica, ``plain_aa``, the self-check: its figure is the measurement's own bias and noise
+and should be about 0. Each round runs one step of each (``--tiny-steps``), in one of the 24
+orders, every order in turn, so that what a step leaves behind (caches, the hook's threads it
+wakes) falls on each variant alike; the instrumented replicas stay instrumented, so their
+workers' wakes land on every variant's steps alike too (their GIL hand-overs, about one per
+worker wake every 100 ms, are not charged to the hook: the context switches per step are
+printed per variant, and so is the CPU the replica's own threads used per step, the work moved
+off the training thread). The four replicas take the four parts in turn, in four phases of
+equal length, so that whatever sets one replica apart from another (where its tensors lie in
+memory: 10-20 us per step between two plain replicas here) cancels. Printed per variant: the median
+difference, the rounds' quartiles and a 95% confidence interval of the median (the order
+statistics n/2 -+ 0.98 sqrt(n), which assume nothing of the distribution). 9,600 rounds
+(``--tiny-rounds``) take two to five minutes here. Plain pays the timeline's idle wraps there
+(an instrumented replica exists in the process): that, measured apart (below), is added to
+``fsdp2_thread_us``.
 
 The collective timeline's wraps of ``torch.distributed``'s functions are process-wide: while an
 instrumented replica exists, every collective any replica issues through those functions goes
@@ -101,14 +126,17 @@ hook_floor_ratio=<allreduce_hook/plain>`` (wall-time ratios); for ``--model fsdp
 ``fsdp2_cpu_ratio=<x> fsdp2_thread_us=<y> fsdp2_wall_ratio=<z> production_cpu_ratio=<p>``:
 attributed CPU default/plain, training-thread microseconds default minus plain on the tiny
 model, wall default/plain, attributed CPU production/plain. Defaults keep a run under about 10
-minutes here: 16 rounds for DDP, 12 for FSDP2 (its steps are slower).
+minutes here: 16 rounds for DDP, 12 for FSDP2 (its steps are slower), plus FSDP2's 9,600
+training-thread rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
+import math
 import os
 import resource
 import statistics
@@ -128,11 +156,16 @@ import torch.distributed as dist
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from torch import nn
+from torch._C._distributed_c10d import HashStore
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.multiprocessing.spawn import start_processes
 from torch.nn.parallel import DistributedDataParallel
+
+# Registers torch's "fake" process-group backend (collectives that return at once, no peers);
+# a testing module of torch's, the one place that registers it.
+from torch.testing._internal.distributed import fake_pg  # noqa: F401
 
 import trainguard
 from trainguard import contract
@@ -151,15 +184,21 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "fsdp2": ("plain", "default", "per_bucket", "production"),
 }
 TINY_VARIANTS = ("plain", "default", "production")
-UNINSTRUMENTED = frozenset({"plain", "hook_floor"})
+# The FSDP2 training-thread measurement (one process, a fake process group, see the docstring):
+# a second plain replica is the A/A self-check, whose figure should be about 0.
+FAKE_VARIANTS = ("plain", "default", "production", "plain_aa")
+UNINSTRUMENTED = frozenset({"plain", "hook_floor", "plain_aa"})
 # Defaults per model kind: each full run stays under about 10 minutes on the 2-core machine
 # (an FSDP2 step of the large model is slower than a DDP step, and a tiny FSDP2 step costs
 # milliseconds of Python where a tiny DDP step costs a few hundred microseconds).
 DEFAULT_ROUNDS = {"ddp": 16, "fsdp2": 12}
-# The tiny model's blocks last about a second each (a tiny FSDP2 step is ~25 ms of wall time
-# here, a tiny DDP step ~3 ms): short blocks, many rounds, so drift in the load cancels.
-DEFAULT_TINY_STEPS = {"ddp": 400, "fsdp2": 40}
-DEFAULT_TINY_ROUNDS = {"ddp": 25, "fsdp2": 40}
+# DDP's tiny model runs in blocks of about a second (a tiny DDP step is ~3 ms of wall time
+# here): short blocks, many rounds, so drift in the load cancels. FSDP2's runs one step per
+# variant per round, the four variants in every order in turn; 9,600 rounds (24 orders x 400)
+# took 2-5 minutes here, and the 95% interval of the median came to +-3 us at load average
+# ~3 and +-13 us at 4-7.
+DEFAULT_TINY_STEPS = {"ddp": 400, "fsdp2": 1}
+DEFAULT_TINY_ROUNDS = {"ddp": 25, "fsdp2": 9600}
 TINY_WARMUP_STEPS = 20
 TINY_BLOCK_WARMUP_STEPS = 5  # after instrumenting, before the block's clocks start
 SCRAPE_INTERVAL_SECONDS = 15.0
@@ -540,6 +579,123 @@ def idle_wrapper_ns(calls: int = 200_000) -> float:
     return best[1] - best[0]
 
 
+# -- the tiny FSDP2 model on a fake process group: training-thread time -------------------------
+def fake_main(_index: int, settings: dict[str, Any], out_dir: str) -> None:
+    """The FSDP2 training-thread measurement, in a process of its own (see the docstring)."""
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        os.environ.pop(name, None)
+    torch.set_num_threads(1)
+    # A real store (the job id agreement, the watchdog's stall flags); fake collectives.
+    dist.init_process_group("fake", store=HashStore(), rank=0, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    scraper = Scraper(settings["scrape_interval"])
+    scraper.start()
+    with tempfile.TemporaryDirectory() as tmp:
+        setup = Setup("fsdp2", mesh, settings["otlp_endpoint"], Path(tmp))
+        result = fake_phase(setup, scraper, settings["tiny_rounds"], settings["tiny_steps"])
+    scraper.stop()
+    result["idle_wrapper_ns"] = idle_wrapper_ns()
+    result["scrapes"] = scraper.scrapes
+    (Path(out_dir) / "fake.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def fake_phase(setup: Setup, scraper: Scraper, rounds: int, steps: int) -> dict[str, Any]:
+    """Training-thread CPU per step of each variant, round by round. Four replicas of the tiny
+    model take the four variants' parts in turn, in four phases (each replica plays each
+    variant once, so what sets one replica apart from another, where its tensors lie, cancels);
+    within a phase the instrumented ones stay instrumented, and each round runs ``steps`` steps
+    of every variant, the variants in one of their orders, every order in turn (so that what one
+    variant leaves behind, in the caches or in the threads it wakes, falls on each other alike).
+    """
+    replicas = [make_replica(setup, "plain", tiny=True) for _ in FAKE_VARIANTS]
+    x = torch.randn(TINY_BATCH, TINY_WIDTH, generator=torch.Generator().manual_seed(0))
+    for replica in replicas:
+        for _ in range(TINY_WARMUP_STEPS):
+            step(replica.model, replica.optimizer, x)
+    thread_ns: dict[str, list[int]] = {variant: [] for variant in FAKE_VARIANTS}
+    wall_ns: dict[str, list[int]] = {variant: [] for variant in FAKE_VARIANTS}
+    voluntary = dict.fromkeys(FAKE_VARIANTS, 0)
+    involuntary = dict.fromkeys(FAKE_VARIANTS, 0)
+    # What the instrumented replicas' own threads (worker, watchdog, span export, /metrics
+    # server) used: work moved off the training thread.
+    off_thread = dict.fromkeys(FAKE_VARIANTS, 0)
+    sources: dict[str, str] = {}
+    dropped = 0.0
+    collectives = 0
+    orders = list(itertools.permutations(FAKE_VARIANTS))
+    clock, wall_clock = time.thread_time_ns, time.perf_counter_ns
+    phases = len(FAKE_VARIANTS)
+    started = time.perf_counter()
+    done = 0
+    for phase in range(phases):
+        parts = {
+            variant: replicas[(index + phase) % phases]
+            for index, variant in enumerate(FAKE_VARIANTS)
+        }
+        for variant in ("default", "production"):
+            attach(setup, parts[variant], variant, tiny=True)
+        if phase == 0:
+            collectives = count_collectives(parts["plain"], parts["default"].handle, x)
+        scraper.port = parts["production"].handle.metrics_port
+        for variant in ("default", "production"):
+            for _ in range(TINY_BLOCK_WARMUP_STEPS):
+                step(parts[variant].model, parts[variant].optimizer, x)
+        owned = {ident: v for v, replica in parts.items() for ident in replica.threads}
+        threads_before = thread_clocks()
+        phase_rounds = rounds // phases + (1 if phase < rounds % phases else 0)
+        for round_index in range(phase_rounds):
+            for variant in orders[round_index % len(orders)]:
+                model, optimizer = parts[variant].model, parts[variant].optimizer
+                enter_block(variant)
+                usage = resource.getrusage(resource.RUSAGE_THREAD)
+                wall = wall_clock()
+                cpu = clock()
+                for _ in range(steps):
+                    optimizer.zero_grad(set_to_none=True)
+                    model(x).square().mean().backward()
+                    optimizer.step()
+                thread_ns[variant].append((clock() - cpu) // steps)
+                wall_ns[variant].append((wall_clock() - wall) // steps)
+                after = resource.getrusage(resource.RUSAGE_THREAD)
+                voluntary[variant] += after.ru_nvcsw - usage.ru_nvcsw
+                involuntary[variant] += after.ru_nivcsw - usage.ru_nivcsw
+            done += 1
+            if done % 1200 == 0:
+                print(f"fsdp2 round {done}/{rounds} done", file=sys.stderr, flush=True)
+        for ident, ns in thread_clocks().items():
+            owner = owned.get(ident)
+            if owner is not None and ident in threads_before:
+                off_thread[owner] += ns - threads_before[ident]
+        scraper.port = None
+        for variant in ("default", "production"):
+            handle = parts[variant].handle
+            handle.force_flush_spans()
+            sources[variant] = str(handle.timing_source.value)
+            dropped += (
+                handle.registry.get_sample_value(
+                    contract.SPANS_DROPPED.name, handle.identity.labels()
+                )
+                or 0.0
+            )
+            handle.uninstrument()
+            parts[variant].handle = None
+            parts[variant].threads = set()  # ended; their idents may be reused
+    total = rounds * steps
+    return {
+        "thread_ns": thread_ns,
+        "wall_ns": wall_ns,
+        "voluntary": {v: n / total for v, n in voluntary.items()},
+        "involuntary": {v: n / total for v, n in involuntary.items()},
+        "off_thread_us": {v: ns / total / 1e3 for v, ns in off_thread.items()},
+        "seconds": time.perf_counter() - started,
+        "steps": steps,
+        "collectives": collectives,
+        "timing_sources": sources,
+        "spans_dropped": dropped,
+    }
+
+
 # -- the large model: step time and CPU -----------------------------------------------------------
 def large_phase(
     setup: Setup, scraper: Scraper, rounds: int, steps: int, rank: int
@@ -658,7 +814,11 @@ def rank_main(rank: int, world: int, port: int, settings: dict[str, Any], out_di
     scraper.start()
     with tempfile.TemporaryDirectory() as tmp:
         setup = Setup(kind, mesh, settings["otlp_endpoint"], Path(tmp))
-        tiny = tiny_phase(setup, scraper, settings["tiny_rounds"], settings["tiny_steps"], rank)
+        tiny = (
+            tiny_phase(setup, scraper, settings["tiny_rounds"], settings["tiny_steps"], rank)
+            if kind == "ddp"
+            else None
+        )
         large = large_phase(setup, scraper, settings["rounds"], settings["steps"], rank)
     scraper.stop()
     result = {
@@ -768,14 +928,71 @@ def report_tiny(kind: str, tinies: Sequence[dict[str, Any]]) -> float:
     return added["default"]
 
 
+def median_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """A 95% confidence interval of the median, free of any assumption on the distribution:
+    the order statistics n/2 -+ z*sqrt(n)/2 (the binomial's normal approximation)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = z * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half))
+    high = min(n - 1, math.ceil(n / 2 + half))
+    return ordered[low], ordered[high]
+
+
+def report_fake(fake: dict[str, Any]) -> float:
+    """Print the FSDP2 training-thread figures (one process, fake process group); return
+    default's: the median over rounds of default minus plain, plus what plain paid for the
+    timeline's idle wraps (µs per step)."""
+    thread = {v: [ns / 1e3 for ns in fake["thread_ns"][v]] for v in FAKE_VARIANTS}
+    wall = {v: [ns / 1e3 for ns in fake["wall_ns"][v]] for v in FAKE_VARIANTS}
+    rounds = len(thread["plain"])
+    idle_us = fake["collectives"] * fake["idle_wrapper_ns"] / 1e3
+    print(
+        f"training thread, tiny fsdp2 model ({rounds} rounds x {fake['steps']} steps, thread "
+        f"CPU time, one process on a fake process group of 2, {fake['seconds']:.0f} s): plain "
+        f"{statistics.median(thread['plain']):.1f} us/step (wall "
+        f"{statistics.median(wall['plain']):.1f} us, "
+        f"{fake['voluntary']['plain'] + fake['involuntary']['plain']:.2f} context switches), "
+        f"{fake['collectives']} collectives per step through torch.distributed"
+    )
+    added: dict[str, float] = {}
+    for variant in FAKE_VARIANTS[1:]:
+        diffs = [a - b for a, b in zip(thread[variant], thread["plain"], strict=True)]
+        added[variant] = statistics.median(diffs)
+        low, high = quartiles(diffs)
+        ci_low, ci_high = median_interval(diffs)
+        wall_diff = statistics.median(
+            a - b for a, b in zip(wall[variant], wall["plain"], strict=True)
+        )
+        switches = fake["voluntary"][variant] + fake["involuntary"][variant]
+        print(
+            f"  {variant:>10}: {added[variant]:+.1f} us/step on the training thread "
+            f"(rounds' quartiles {low:+.1f}..{high:+.1f}; 95% interval of the median "
+            f"{ci_low:+.1f}..{ci_high:+.1f}); wall {wall_diff:+.1f} us/step; "
+            f"{switches:.2f} context switches per step; its own threads "
+            f"{fake['off_thread_us'][variant]:.1f} us per step"
+        )
+    print(
+        f"  self-check: plain_aa is a second plain replica, so its figure is this measurement's "
+        f"bias and noise ({added['plain_aa']:+.1f}); plain paid {idle_us:.2f} us per step for "
+        f"the timeline's idle wraps (an instrumented replica exists), added to default's "
+        f"figure: {added['default']:+.1f} + {idle_us:.2f}"
+    )
+    print(
+        f"  production spans dropped: {fake['spans_dropped']:.0f}; timing source at the end: "
+        + ", ".join(f"{v} {source}" for v, source in fake["timing_sources"].items())
+    )
+    return float(added["default"] + idle_us)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=MODELS, default="ddp", help="DDP or FSDP2")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (ddp 16, fsdp2 12)")
     parser.add_argument("--steps", type=int, default=4, help="steps per variant per round")
-    parser.add_argument("--tiny-rounds", type=int, help="tiny model's rounds (ddp 25, fsdp2 40)")
+    parser.add_argument("--tiny-rounds", type=int, help="tiny model's rounds (ddp 25, fsdp2 9600)")
     parser.add_argument(
-        "--tiny-steps", type=int, help="tiny model's steps per block (ddp 400, fsdp2 40)"
+        "--tiny-steps", type=int, help="tiny model's steps per block (ddp 400, fsdp2 1)"
     )
     parser.add_argument(
         "--scrape-interval", type=float, default=SCRAPE_INTERVAL_SECONDS, help="seconds"
@@ -798,6 +1015,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             "scrape_interval": args.scrape_interval,
             "otlp_endpoint": f"http://127.0.0.1:{receiver.port}/v1/traces",
         }
+        if kind == "fsdp2":
+            fake_entry: Callable[..., None] = fake_main
+            start_processes(
+                fake_entry, args=(settings, tmp), nprocs=1, join=True, start_method="spawn"
+            )
+            fake = json.loads((Path(tmp) / "fake.json").read_text())
         entry: Callable[..., None] = rank_main
         start_processes(
             entry,
@@ -890,7 +1113,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{wrap_ns:.0f} ns per call = {large['collectives'] * wrap_ns / 1e3:.2f} us per "
         f"step that the plain variants pay while an instrumented replica exists"
     )
-    thread_us = report_tiny(kind, [result["tiny"] for result in results])
+    thread_us = (
+        report_tiny(kind, [result["tiny"] for result in results])
+        if kind == "ddp"
+        else report_fake(fake)
+    )
     if kind == "ddp":
         per_bucket_us = (
             (wall_ratio["per_bucket"] - wall_ratio["hook_floor"])

@@ -17,7 +17,7 @@ from trainguard.instrumentation import flight_recorder, timeline
 from trainguard.instrumentation.config import Identity
 from trainguard.instrumentation.errors import ErrorBudget
 from trainguard.instrumentation.metrics import RankMetrics
-from trainguard.instrumentation.records import StepRecord
+from trainguard.instrumentation.records import RawStep, StepRecord
 from trainguard.instrumentation.timeline import INTERCEPTOR, Collective, Role, Roles, Timeline
 from trainguard.instrumentation.worker import StepWorker
 
@@ -135,9 +135,10 @@ def test_wrapped_collectives_are_recorded_while_the_timeline_is_current() -> Non
         dist.barrier()
         gathered = torch.empty(8)
         dist.all_gather_single(gathered, tensor)
-        entries, overflow = recorded.take()
+        raw, overflow = recorded.take()
     finally:
         INTERCEPTOR.detach(recorded)
+    entries = timeline.resolve(raw)
     assert dist.all_reduce is original, "detaching the last timeline restores torch's function"
     assert overflow == 0
     assert [(e.op, e.blocking, e.nbytes) for e in entries] == [
@@ -155,10 +156,11 @@ def test_a_failure_while_recording_is_counted_and_the_collective_still_runs() ->
     errors, registry, labels = budget()
     recorded = Timeline(errors)
 
-    def broken(*_args: Any, **_kwargs: Any) -> None:
-        raise RuntimeError("recording broke")
+    class Broken(list[Any]):
+        def append(self, _entry: Any) -> None:
+            raise RuntimeError("recording broke")
 
-    recorded.record = broken  # type: ignore[method-assign]
+    recorded.entries = Broken()
     assert INTERCEPTOR.attach(recorded)
     INTERCEPTOR.current = recorded
     try:
@@ -190,19 +192,28 @@ def test_a_step_that_issues_too_many_collectives_keeps_the_first_and_counts_the_
     recorded = Timeline(errors)
     signature = timeline._signature("all_reduce", "all_reduce", "tensor")
     assert signature is not None
+    wrapped = INTERCEPTOR._wrapper("all_reduce", signature, lambda *_args, **_kwargs: None)
     tensor = torch.ones(2)
-    for _ in range(timeline.MAX_COLLECTIVES_PER_STEP + 3):
-        recorded.record(signature, "all_reduce", (tensor,), {}, 1, 2, None)
+    saved, INTERCEPTOR.current = INTERCEPTOR.current, recorded
+    try:
+        for _ in range(timeline.MAX_COLLECTIVES_PER_STEP + 3):
+            wrapped(tensor)
+    finally:
+        INTERCEPTOR.current = saved
     entries, overflow = recorded.take()
     assert (len(entries), overflow) == (timeline.MAX_COLLECTIVES_PER_STEP, 3)
+    assert timeline.resolve(entries[:1])[0].nbytes == 8
 
 
 MS = 1_000_000
 
 
-def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers() -> None:
+@pytest.mark.parametrize("handed_over", ["record", "raw"])
+def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers(handed_over: str) -> None:
     """The root's all-gather before the first forward falls in the (unmeasured) data wait; the
-    reduce-scatter inside backward; both are waiting on peers, not this rank's work."""
+    reduce-scatter inside backward; both are waiting on peers, not this rank's work. The hook
+    hands a step over as a plain tuple whose collectives are the timeline's raw entries: the
+    worker makes the same of it as of the record."""
     registry, metrics, labels = rank_metrics()
     errors = ErrorBudget(metrics.instrumentation_errors, labels)
     shard = FakeGroup("3", "mesh_shard")
@@ -232,9 +243,23 @@ def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers() -> No
             Collective("reduce_scatter", shard, 4096, 1300 * MS, 1350 * MS, True),
         ],
     )
+    raw: RawStep = (
+        record.step,
+        record.start_ns,
+        record.forward_start_ns,
+        record.forward_end_ns,
+        record.forward_ns,
+        record.optimizer_start_ns,
+        record.end_ns,
+        record.data_wait_ns,
+        [],
+        [(c.op, c.group, c.nbytes, c.start_ns, c.end_ns) for c in record.collectives],
+        0,
+        None,
+    )
     worker.start()
     try:
-        worker.submit(record)
+        worker.submit(record if handed_over == "record" else raw)
         assert worker.flush()
     finally:
         worker.stop()

@@ -3,7 +3,7 @@
 What runs on the training thread is kept to clock reads and attribute stores: a wrapper around
 the model's ``forward`` and the optimizer's ``step`` record when each step's phases begin and
 end, the collective timeline (:mod:`.timeline`) records each collective the step issues, and
-one record per step goes to the worker thread, which does everything else (metrics, DDP's
+one tuple per step goes to the worker thread, which does everything else (metrics, DDP's
 reducer timers, memory, spans). On DDP the training thread also copies DDP's record of its
 timers right after the forwards at which DDP publishes a sampled iteration's (one step in
 ``runtime_stats_every``, see :class:`.reducer.TimerReads`). The same hook serves DDP, FSDP2,
@@ -45,7 +45,7 @@ from .errors import ErrorBudget
 from .memory import MemorySampler
 from .metrics import CollectiveProgressCollector, RankMetrics
 from .oom import batch_size, memory_summary, split_batch
-from .records import StepRecord
+from .records import RawStep
 from .reducer import (
     RawLoggingData,
     TimerReads,
@@ -707,24 +707,27 @@ class Instrumentation:
         self.clock.started_ns = self._previous_end
 
     def _end_step(self, optimizer_start: int, end: int) -> None:
-        data_wait = self._data_ns or max(0, self._forward_start - self._previous_end)
+        previous_end, forward_start = self._previous_end, self._forward_start
+        data_wait = self._data_ns or max(0, forward_start - previous_end)
         collectives, overflow = self._timeline.take() if self._timeline is not None else ([], 0)
-        record = StepRecord(
-            step=self.clock.step,
-            start_ns=self._previous_end,
-            forward_start_ns=self._forward_start,
-            forward_end_ns=self._forward_end,
-            forward_ns=self._forward_ns,
-            optimizer_start_ns=optimizer_start,
-            end_ns=end,
-            data_wait_ns=data_wait,
-            buckets=self._bucket_timer.take() if self._bucket_timer is not None else [],
-            collectives=collectives,
-            collectives_overflow=overflow,
-            reducer_data=self._reducer_data,
+        # A tuple of StepRecord's fields, not a StepRecord: the worker builds that (a tenth of
+        # the cost here, see .records).
+        record: RawStep = (
+            self.clock.step,
+            previous_end,
+            forward_start,
+            self._forward_end,
+            self._forward_ns,
+            optimizer_start,
+            end,
+            data_wait,
+            self._bucket_timer.take() if self._bucket_timer is not None else [],
+            collectives,
+            overflow,
+            self._reducer_data,
         )
         self._reducer_data = None
-        self.clock.recent.append((end - self._previous_end) / 1e9)
+        self.clock.recent.append((end - previous_end) / 1e9)
         # The watchdog keeps watching between steps: a collective outside the step (a metric
         # all-reduce, a checkpoint barrier) can hang as well.
         self.clock.started_ns = end

@@ -1,7 +1,9 @@
 """What the training thread hands to the worker: raw timestamps, nothing computed.
 
-The training thread only reads clocks and appends; turning timestamps into histograms,
-spans and events happens on the worker thread (see :mod:`.worker`).
+The training thread only reads clocks and appends: at the end of a step it hands over a plain
+tuple (:data:`RawStep`), which the worker turns into a :class:`StepRecord` (building one there
+cost ten times the tuple). Turning timestamps into histograms, spans and events happens on the
+worker thread too (see :mod:`.worker`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .reducer import RawLoggingData
-from .timeline import Collective
+from .timeline import Collective, Entry, resolve
 
 
 @dataclass(slots=True)
@@ -23,6 +25,13 @@ class BucketTiming:
     cuda_events: tuple[object, object] | None = None  # (start, end) torch.cuda.Event
     # The CUDA-event duration, read once by the worker (reading it synchronises the event).
     cuda_seconds: float | None = None
+
+
+# A step as the training thread hands it over: StepRecord's fields in order, the collectives
+# still the timeline's entries.
+RawStep = tuple[
+    int, int, int, int, int, int, int, int, list[BucketTiming], list[Entry], int, RawLoggingData
+]
 
 
 @dataclass(slots=True)
@@ -45,6 +54,26 @@ class StepRecord:
     # DDP's logging data as read right after this step's forward that published a sampled
     # iteration's timers (the previous step's, usually), or None (see .reducer.TimerReads).
     reducer_data: RawLoggingData = None
+
+    @classmethod
+    def from_raw(cls, raw: RawStep) -> StepRecord:
+        """The record of what the training thread handed over (on the worker thread)."""
+        (step, start, forward_start, forward_end, forward, optimizer, end, data_wait) = raw[:8]
+        buckets, entries, overflow, reducer_data = raw[8:]
+        return cls(
+            step=step,
+            start_ns=start,
+            forward_start_ns=forward_start,
+            forward_end_ns=forward_end,
+            forward_ns=forward,
+            optimizer_start_ns=optimizer,
+            end_ns=end,
+            data_wait_ns=data_wait,
+            buckets=buckets,
+            collectives=resolve(entries),
+            collectives_overflow=overflow,
+            reducer_data=reducer_data,
+        )
 
     @property
     def duration_ns(self) -> int:

@@ -5,9 +5,11 @@ One mechanism for every way of training in parallel. ``fully_shard`` (FSDP2),
 itself all issue their collectives through the public ``torch.distributed`` functions
 (``all_gather_single``, ``reduce_scatter_single``, ``all_reduce``, ``send``...), looked up on
 the module at call time. :func:`attach` wraps those functions once per process; while a
-timeline is current, each call costs the training thread two clock reads and one append (the
-payload's size is read there too, so that no tensor is kept alive). A collective issued with
-``async_op=True`` gets its end time from its work's future, on the backend's thread.
+timeline is current, each call costs the training thread two clock reads, its process group and
+payload size (read there, so that no tensor is kept alive) and the append of a plain tuple
+(:data:`RawCollective`): no object of ours is built there, the worker turns the tuples into
+:class:`Collective` values (:func:`resolve`). A collective issued with ``async_op=True`` gets its
+end time from its work's future, on the backend's thread.
 
 The timeline only records; the worker thread classifies each collective (:class:`Role`: a
 gradient sync, a parameter all-gather or anything else, from the model's own process groups),
@@ -22,7 +24,7 @@ import enum
 import inspect
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,9 +105,9 @@ _ASYNC_BY_NATURE = frozenset({"isend", "irecv"})
 
 def _nbytes(payload: Any) -> int:
     if isinstance(payload, torch.Tensor):
-        return payload.numel() * payload.element_size()
+        return int(payload.nbytes)
     if isinstance(payload, list | tuple):
-        return sum(t.numel() * t.element_size() for t in payload if isinstance(t, torch.Tensor))
+        return sum(int(t.nbytes) for t in payload if isinstance(t, torch.Tensor))
     return 0
 
 
@@ -128,56 +130,48 @@ class Collective:
         self.end_ns = time.perf_counter_ns()
 
 
+# What the training thread records of a blocking collective: (op, group, nbytes, start_ns,
+# end_ns). A tuple costs a fifth of a Collective to build; an async collective, whose end its
+# work's future fills in later, is recorded as a Collective.
+RawCollective = tuple[str, Any, int, int, int]
+Entry = RawCollective | Collective
+
+
+def resolve(entries: Iterable[Entry]) -> list[Collective]:
+    """The timeline's entries as :class:`Collective` values (on the worker thread)."""
+    return [
+        entry if isinstance(entry, Collective) else Collective(*entry, True) for entry in entries
+    ]
+
+
 class Timeline:
-    """One rank's collectives since the last :meth:`take` (one step's worth)."""
+    """One rank's collectives since the last :meth:`take` (one step's worth).
+
+    The wrapped functions append to :attr:`entries` themselves (see :meth:`_Interceptor._wrapper`).
+    """
 
     def __init__(self, errors: ErrorBudget) -> None:
-        self.entries: list[Collective] = []
+        self.entries: list[Entry] = []
         self.overflow = 0
         self._errors = errors
 
-    def take(self) -> tuple[list[Collective], int]:
+    def take(self) -> tuple[list[Entry], int]:
         """The entries recorded so far and how many did not fit, and start afresh."""
         entries, self.entries = self.entries, []
         overflow, self.overflow = self.overflow, 0
         return entries, overflow
 
-    def record(
-        self,
-        signature: _Signature,
-        name: str,
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        start: int,
-        end: int,
-        result: Any,
-    ) -> None:
-        if len(self.entries) >= MAX_COLLECTIVES_PER_STEP:
-            self.overflow += 1
-            return
-        group = kwargs.get("group") if len(args) <= signature.group else args[signature.group]
-        if name in _ASYNC_BY_NATURE:
-            is_async = True
-        elif signature.async_op < 0:
-            is_async = False
-        elif len(args) > signature.async_op:
-            is_async = bool(args[signature.async_op])
-        else:
-            is_async = bool(kwargs.get("async_op", False))
-        if signature.payload < 0:
-            nbytes = 0
-        elif len(args) > signature.payload:
-            nbytes = _nbytes(args[signature.payload])
-        else:
-            nbytes = _nbytes(kwargs.get(signature.payload_name))
-        entry = Collective(signature.op, group, nbytes, start, end, not is_async)
-        if is_async and result is not None:
-            entry.end_ns = 0
-            result.get_future().add_done_callback(entry.finished)
-        self.entries.append(entry)
-
     def error(self, error: BaseException) -> None:
         self._errors.record("timeline", error)
+
+
+def _in_flight(op: str, group: Any, nbytes: int, start: int, end: int, work: Any) -> Collective:
+    """An async collective: its end comes from its work's future, on the backend's thread."""
+    if work is None:
+        return Collective(op, group, nbytes, start, end, False)
+    entry = Collective(op, group, nbytes, start, 0, False)
+    work.get_future().add_done_callback(entry.finished)
+    return entry
 
 
 class _Interceptor:
@@ -235,8 +229,18 @@ class _Interceptor:
     def _wrapper(
         self, name: str, signature: _Signature, original: Callable[..., Any]
     ) -> Callable[..., Any]:
+        """``original`` timed into the current timeline. The recording is inlined here, not a
+        method of :class:`Timeline`: it runs on the training thread once per collective, and a
+        call costs more than the rest of it (see docs/instrumentation.md)."""
         interceptor = self
         clock = time.perf_counter_ns
+        op = signature.op
+        group_at, group_name = signature.group, signature.group_name
+        async_at = signature.async_op
+        payload_at, payload_name = signature.payload, signature.payload_name
+        async_by_nature = name in _ASYNC_BY_NATURE
+        limit = MAX_COLLECTIVES_PER_STEP
+        tensor = torch.Tensor
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             timeline = interceptor.current
@@ -246,7 +250,24 @@ class _Interceptor:
             result = original(*args, **kwargs)
             end = clock()
             try:
-                timeline.record(signature, name, args, kwargs, start, end, result)
+                entries = timeline.entries
+                if len(entries) >= limit:
+                    timeline.overflow += 1
+                    return result
+                count = len(args)
+                group = args[group_at] if count > group_at else kwargs.get(group_name)
+                if payload_at < 0:
+                    nbytes = 0
+                else:
+                    payload = args[payload_at] if count > payload_at else kwargs.get(payload_name)
+                    nbytes = payload.nbytes if isinstance(payload, tensor) else _nbytes(payload)
+                if async_by_nature or (
+                    async_at >= 0
+                    and (args[async_at] if count > async_at else kwargs.get("async_op"))
+                ):
+                    entries.append(_in_flight(op, group, nbytes, start, end, result))
+                else:
+                    entries.append((op, group, nbytes, start, end))
             except Exception as error:
                 timeline.error(error)
             return result

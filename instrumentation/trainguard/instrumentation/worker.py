@@ -1,7 +1,8 @@
 """The worker thread: turns the training thread's raw timestamps into metrics and spans.
 
-The training thread appends one :class:`StepRecord` per step to an inbox and goes on; it never
-wakes this thread (a wake-up per step cost the training thread more than all its own work).
+The training thread appends one step per step to an inbox, as a plain tuple
+(:data:`.records.RawStep`, made a :class:`StepRecord` here), and goes on; it never wakes this
+thread (a wake-up per step cost the training thread more than all its own work).
 The worker wakes on its own and does everything else: phase and step histograms (with the step's
 trace id as an exemplar), the step's collective timeline (see :mod:`.timeline`: gradient syncs,
 parameter all-gathers, time blocked on peers), DDP's reducer timers for the part of the
@@ -42,7 +43,7 @@ from .config import Identity
 from .errors import ErrorBudget
 from .memory import MemorySampler
 from .metrics import RankMetrics
-from .records import BucketTiming, StepRecord
+from .records import BucketTiming, RawStep, StepRecord
 from .reducer import RawLoggingData, ReducerStats, parse_logging_data
 
 logger = logging.getLogger("trainguard.instrumentation")
@@ -57,6 +58,15 @@ MAX_STEPS_WITHOUT_TIMERS = 64
 MIN_READS_WITHOUT_TIMERS = 8
 WAKE_SECONDS = 0.1
 IDLE_WAKE_SECONDS = 1.0
+
+
+class _Timers:
+    """DDP's logging data handed over apart from a step (see :meth:`StepWorker.submit_timers`)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: RawLoggingData) -> None:
+        self.data = data
 
 
 class ReducerTimersLostError(RuntimeError):
@@ -130,7 +140,7 @@ class StepWorker:
                 self._last_ooms = baseline.ooms
         self.buckets_synced = 0  # fallback collective count when the Flight Recorder is absent
         # The training thread appends (atomic under the GIL) and never waits or wakes anyone.
-        self._inbox: collections.deque[StepRecord | RawLoggingData] = collections.deque()
+        self._inbox: collections.deque[RawStep | StepRecord | _Timers] = collections.deque()
         self._wake = threading.Event()
         self._stopping = False
         self._interval = WAKE_SECONDS
@@ -143,14 +153,14 @@ class StepWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, record: StepRecord) -> None:
+    def submit(self, record: RawStep | StepRecord) -> None:
         self._submitted += 1
         self._inbox.append(record)
 
     def submit_timers(self, data: RawLoggingData) -> None:
         """DDP timers read at a forward whose step has not ended (flush, uninstrument)."""
         self._submitted += 1
-        self._inbox.append(data)
+        self._inbox.append(_Timers(data))
 
     def stop(self) -> None:
         """Finish every queued step, then stop."""
@@ -192,12 +202,14 @@ class StepWorker:
         scraped every few seconds)."""
         processed = False
         while self._inbox:
-            record = self._inbox.popleft()
+            item = self._inbox.popleft()
             with self._errors.guard("worker"):
-                if isinstance(record, StepRecord):
-                    self._process(record)
+                if isinstance(item, tuple):
+                    self._process(StepRecord.from_raw(item))
+                elif isinstance(item, StepRecord):
+                    self._process(item)
                 elif self._ddp_timers:
-                    self._take_timers(record)
+                    self._take_timers(item.data)
             self._processed += 1
             processed = True
         if processed and self._memory is not None:
