@@ -1,10 +1,11 @@
 """Webhook throughput and latency of the remediation service on loopback, against a floor.
 
 The service runs in its own process (``trainguard-remediation``, default settings: SQLite in WAL
-mode with ``synchronous=FULL``, every notification committed before its 200, the shipped
-policy, dry-run) and this process is the load generator: ``--connections`` keep-alive HTTP/1.1
-connections post Alertmanager notifications of ``--alerts-per-request`` alerts each (Alertmanager
-groups alerts; 10 is a typical group) for ``--seconds`` per round. Every alert is new except
+mode with ``synchronous=FULL``, every notification committed to the inbox before its 200 and
+decided after, in order; the shipped policy, dry-run) and this process is the load generator:
+``--connections`` keep-alive HTTP/1.1 connections post Alertmanager notifications of
+``--alerts-per-request`` alerts each (Alertmanager groups alerts; 10 is a typical group) for
+``--seconds`` per round. Every alert is new except
 ``--duplicate-ratio`` of the notifications, which are re-deliveries of an earlier one and so
 exercise the (fingerprint, startsAt) dedupe. Each new alert is a ``TrainingStraggler``, for
 which the policy plans (and records) one action, so every alert costs a policy decision too.
@@ -12,14 +13,21 @@ which the policy plans (and records) one action, so every alert costs a policy d
 The floor is the least any webhook receiver in this stack does: a bare FastAPI app, served by
 uvicorn exactly as the service's command serves its own (one process, the same ``uvicorn.run``
 arguments), with one route that checks the same bearer token and validates the body as the
-service's own ``WebhookPayload`` model, answers the same ``WebhookResult`` document, and stores
-nothing. Both servers run side by side for the whole run and the same generator loads them in
+service's own ``WebhookPayload`` model, answers the same ``WebhookAccepted`` document, and
+stores nothing. Both servers run side by side for the whole run and the same generator loads them in
 alternating rounds (ours then the floor, the floor then ours, ...), so both see the same
 machine load; the ratios say what the store, the policy and the metrics cost on top.
 
 Latency is per request, from sending it to reading the full response. alerts_per_s counts the
 alerts in notifications answered 200 over the measured wall time (after a warm-up second per
 round), pooled over the rounds; p99 is over every request of every round.
+
+A 200 from the service means the notification is committed, not yet decided, so the figures
+above are the intake's. After each of its rounds the generator also waits (a long-poll of
+``GET /v1/notifications/{id}`` on the last id it was given: the service decides in order) until
+every notification it accepted is decided, before the floor's round starts, and prints how long
+that took after the round's last answer and the round's alerts over the time from its first
+request to that last decision (the rate the service accepted *and* decided them).
 
     .venv/bin/python benchmarks/remediation_load.py [--rounds 6] [--seconds 10] [--connections 4]
 
@@ -55,7 +63,7 @@ import httpx
 from fastapi import Depends, FastAPI, Header, HTTPException, status
 
 # The floor's route resolves its annotations from this module's globals (FastAPI reads them).
-from trainguard.remediation.models import WebhookPayload, WebhookResult
+from trainguard.remediation.models import WebhookAccepted, WebhookPayload
 
 TOKEN = "benchmark-token"
 WEBHOOK = "/v1/alertmanager"
@@ -115,15 +123,9 @@ def serve_floor(port: int) -> None:
 
     app = FastAPI()
 
-    @app.post(WEBHOOK, response_model=WebhookResult, dependencies=[Depends(authenticated)])
-    async def alertmanager(payload: WebhookPayload) -> WebhookResult:
-        return WebhookResult(
-            stored=len(payload.alerts),
-            duplicates=0,
-            resolved=0,
-            cancelled_actions=0,
-            planned_actions=[],
-        )
+    @app.post(WEBHOOK, response_model=WebhookAccepted, dependencies=[Depends(authenticated)])
+    async def alertmanager(payload: WebhookPayload) -> WebhookAccepted:
+        return WebhookAccepted(notification=1, alerts=len(payload.alerts))
 
     @app.get("/readyz")
     async def ready() -> dict[str, str]:
@@ -149,6 +151,10 @@ class Tally:
     generator_cpu: float = 0.0
     # Per round: (alerts/s, p99 seconds), for the spread of the ratios.
     rounds: list[tuple[float, float]] = field(default_factory=list)
+    # Ours, per round: seconds from the last accepted notification until every one was decided,
+    # and the alerts of the round over the time from its first request to that moment.
+    drains: list[float] = field(default_factory=list)
+    decided_alerts_per_s: list[float] = field(default_factory=list)
 
     @property
     def alerts_per_s(self) -> float:
@@ -181,25 +187,31 @@ class Generator:
         self.seq += 1
         return _notification(self.seq, self.args.alerts_per_request)
 
-    async def round(self, url: str, tally: Tally) -> None:
-        """One round against ``url``: a warm-up second, then ``--seconds`` measured."""
+    async def round(self, url: str, tally: Tally, *, drain: bool) -> None:
+        """One round against ``url``: a warm-up second, then ``--seconds`` measured; with
+        ``drain``, then waits until the service has decided every notification it accepted
+        (so that its deciding never runs into the next round)."""
         args = self.args
         latencies: list[float] = []
-        alerts_ok = 0
+        alerts_ok = alerts_accepted = last = 0
         headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-        warmup_end = time.perf_counter() + 1.0
+        first = time.perf_counter()
+        warmup_end = first + 1.0
         end = warmup_end + args.seconds
         limits = httpx.Limits(max_connections=args.connections)
 
         async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits) as client:
 
             async def connection() -> None:
-                nonlocal alerts_ok
+                nonlocal alerts_ok, alerts_accepted, last
                 while (now := time.perf_counter()) < end:
                     body = self.body()
                     started = time.perf_counter()
                     response = await client.post(WEBHOOK, content=body)
                     elapsed = time.perf_counter() - started
+                    if response.status_code == 200:
+                        alerts_accepted += args.alerts_per_request
+                        last = max(last, response.json()["notification"])
                     if now < warmup_end:
                         continue
                     if response.status_code == 200:
@@ -209,11 +221,29 @@ class Generator:
                         tally.failures += 1
 
             await asyncio.gather(*(connection() for _ in range(args.connections)))
-        wall = time.perf_counter() - warmup_end
+            answered = time.perf_counter()  # the round's last answer
+            wall = answered - warmup_end
+            if drain and last:
+                await _drain(client, last)
+                decided = time.perf_counter()
+                tally.drains.append(decided - answered)
+                tally.decided_alerts_per_s.append(alerts_accepted / (decided - first))
         tally.latencies += latencies
         tally.alerts_ok += alerts_ok
         tally.wall += wall
         tally.rounds.append((alerts_ok / wall, _p99(latencies)))
+
+
+async def _drain(client: httpx.AsyncClient, notification: int) -> None:
+    """Until ``notification`` is decided: the service decides in order, so every one before it
+    is decided too."""
+    while True:
+        response = await client.get(
+            f"/v1/notifications/{notification}", params={"wait": 30}, timeout=60
+        )
+        response.raise_for_status()
+        if response.json()["decided_at"] is not None:
+            return
 
 
 # --- servers --------------------------------------------------------------------------------
@@ -245,12 +275,12 @@ def _measure(
     """Alternating rounds, each pair in the other order than the last."""
     generator = Generator(args)
     tallies = (Tally(), Tally())
-    targets = ((ours, tallies[0]), (floor, tallies[1]))
+    targets = ((ours, tallies[0], True), (floor, tallies[1], False))
     for index in range(args.rounds):
-        for (url, pid), tally in targets if index % 2 == 0 else targets[::-1]:
+        for (url, pid), tally, drain in targets if index % 2 == 0 else targets[::-1]:
             cpu_before = _cpu_seconds(pid)
             generator_before = time.process_time()
-            asyncio.run(generator.round(url, tally))
+            asyncio.run(generator.round(url, tally, drain=drain))
             tally.server_cpu += _cpu_seconds(pid) - cpu_before
             tally.generator_cpu += time.process_time() - generator_before
     return tallies
@@ -314,6 +344,14 @@ def main() -> int:
               f"requests_per_s={len(tally.latencies) / max(tally.wall, 1e-9):.1f} "
               f"p50_ms={tally.p50_ms:.2f}")  # fmt: skip
     print(f"ours: deduplicated_alerts={dedup}")
+    if ours.drains:
+        drains = sorted(ours.drains)
+        rates = sorted(ours.decided_alerts_per_s)
+        print(f"ours: decided every accepted notification {statistics.median(drains):.2f} s "
+              f"after the round's last answer (median; {drains[0]:.2f}..{drains[-1]:.2f}), "
+              f"decided_alerts_per_s median {statistics.median(rates):.1f} "
+              f"({rates[0]:.1f}..{rates[-1]:.1f}) over each round from its first request "
+              f"to its last decision")  # fmt: skip
     # Each round of ours against the floor's round beside it: the spread of the ratios.
     pairs = list(zip(ours.rounds, floor.rounds, strict=True))
     throughput = sorted(o[0] / f[0] for o, f in pairs if f[0])

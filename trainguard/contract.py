@@ -1034,7 +1034,7 @@ LABEL_STATUS = "status"
 
 REMEDIATION_ALERTS_RECEIVED = _counter(
     "remediation_alerts_received_total",
-    "Alerts received from Alertmanager and durably stored, by status (firing|resolved).",
+    "Alerts received from Alertmanager and committed to the inbox, by status (firing|resolved).",
     (LABEL_STATUS,),
 )
 REMEDIATION_ALERTS_DEDUPLICATED = _counter(
@@ -1048,7 +1048,24 @@ REMEDIATION_WEBHOOK_REJECTED = _counter(
 )
 REMEDIATION_WEBHOOK_DURATION = _histogram(
     "remediation_webhook_duration_seconds",
-    "Time from receiving a webhook to answering it, durable commit included.",
+    "Time from receiving a webhook to answering it, its commit to the inbox included.",
+)
+# The webhook's inbox (trainguard.remediation.inbox): notifications accepted, not yet decided.
+REMEDIATION_INBOX_DEPTH = _gauge(
+    "remediation_inbox_depth",
+    "Notifications committed to the inbox and not yet decided (from the store).",
+)
+REMEDIATION_INBOX_OLDEST_AGE = _gauge(
+    "remediation_inbox_oldest_age_seconds",
+    "How long the oldest undecided notification has waited in the inbox; 0 when none does.",
+)
+REMEDIATION_INBOX_FAILED = _gauge(
+    "remediation_inbox_failed",
+    "Notifications that could not be decided, kept in the inbox with their error.",
+)
+REMEDIATION_DECISION_LAG = _histogram(
+    "remediation_decision_lag_seconds",
+    "Time from a notification's acceptance (the webhook's commit) to its decision.",
 )
 REMEDIATION_DECISIONS = _counter(
     "remediation_decisions_total",
@@ -1182,6 +1199,10 @@ REMEDIATION_METRICS: tuple[MetricSpec, ...] = (
     REMEDIATION_ALERTS_DEDUPLICATED,
     REMEDIATION_WEBHOOK_REJECTED,
     REMEDIATION_WEBHOOK_DURATION,
+    REMEDIATION_INBOX_DEPTH,
+    REMEDIATION_INBOX_OLDEST_AGE,
+    REMEDIATION_INBOX_FAILED,
+    REMEDIATION_DECISION_LAG,
     REMEDIATION_DECISIONS,
     REMEDIATION_ACTIONS_EXECUTED,
     REMEDIATION_ACTION_DURATION,

@@ -33,3 +33,5 @@ def test_a_quick_run_ends_with_ours_and_the_floor_on_one_line() -> None:
     assert lines[1].startswith("ours: requests_ok=") and " failures=0 " in lines[1]
     assert lines[2].startswith("floor: requests_ok=") and " failures=0 " in lines[2]
     assert any(line.startswith("ratio: alerts_per_s ") for line in lines)
+    # Ours answers once a notification is in its inbox: the time to decide them is printed too.
+    assert any(line.startswith("ours: decided every accepted notification ") for line in lines)

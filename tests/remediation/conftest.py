@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
@@ -26,6 +27,7 @@ from sqlalchemy.pool import NullPool
 from tests.remediation import postgres
 from trainguard.contract import Action
 from trainguard.remediation.app import create_app, default_executors
+from trainguard.remediation.deps import Runtime
 from trainguard.remediation.executors import ActionRecord, Executor
 from trainguard.remediation.hub import DirectiveHub
 from trainguard.remediation.settings import Settings
@@ -192,6 +194,40 @@ def serve_http(app: FastAPI) -> Iterator[str]:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+# How long a test waits for the inbox to drain: far more than deciding takes, for loaded machines.
+DRAIN_SECONDS = 30.0
+
+
+def runtime_of(client: TestClient) -> Runtime:
+    """What the app served by ``client`` runs on (its store, engine, decider, ...)."""
+    app = client.app
+    assert isinstance(app, FastAPI)
+    runtime: Runtime = app.state.runtime
+    return runtime
+
+
+def drained(client: TestClient) -> None:
+    """Every notification the service accepted so far is decided: the webhook answers once a
+    notification is in the inbox, and its decider decides it after (no sleeping)."""
+    assert runtime_of(client).decider.drain(DRAIN_SECONDS), "the inbox did not drain"
+
+
+def decided(client: TestClient, response: httpx.Response) -> dict[str, Any]:
+    """What the notification the webhook's ``response`` accepted was decided to."""
+    assert response.status_code == 200, response.text
+    drained(client)
+    notification = response.json()["notification"]
+    view = client.get(f"/v1/notifications/{notification}", headers=AUTH).json()
+    assert view["decided_at"] is not None and view["error"] is None, view
+    result: dict[str, Any] = view["result"]
+    return result
+
+
+def notify(client: TestClient, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Post a notification and wait for its decision; what it was decided to."""
+    return decided(client, client.post("/v1/alertmanager", json=body, headers=AUTH))
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -24,6 +24,7 @@ from tests.remediation.conftest import (
     RecordingExecutor,
     alert,
     both_backends,
+    drained,
     payload,
     rows,
     serve,
@@ -53,6 +54,7 @@ def test_running_action_resumes_once_from_its_snapshot(
         client.post(
             "/v1/alertmanager", json=payload(alert("TrainingRankDown", job_id="j")), headers=AUTH
         )
+        drained(client)
         (action,) = client.get("/v1/actions", headers=AUTH).json()["actions"]
         assert action["state"] == "awaiting_approval"
     _crash_after_claim(live.db_path, action["id"], '{"target": "from-snapshot"}')
@@ -192,11 +194,19 @@ def test_kill_9_under_load_loses_nothing_acknowledged(settings: Settings) -> Non
         thread.join()
     assert errors > 0  # requests were in flight when the process died
 
+    # Every acknowledged notification is in the inbox; the restarted service decides those the
+    # killed one had not, before anything else.
+    assert rows(settings, "SELECT COUNT(*) FROM inbox")[0][0] >= len(acked)
     proc = _start(settings, port)
     try:
+        wait_for(
+            lambda: rows(settings, "SELECT COUNT(*) FROM inbox WHERE decided_at IS NULL") == [(0,)],
+            timeout=60,
+        )
+        assert rows(settings, "SELECT COUNT(*) FROM inbox WHERE error IS NOT NULL") == [(0,)]
         stored = {row[0] for row in rows(settings, "SELECT fingerprint FROM alerts")}
         assert set(acked) <= stored, f"{len(set(acked) - stored)} acknowledged alerts lost"
-        # Every acknowledged alert was planned in the same transaction: two actions each.
+        # Every stored alert was planned in the unit that stored it: two actions each.
         planned = rows(
             settings,
             "SELECT COUNT(*) FROM actions JOIN alerts ON alerts.id = actions.alert_id",
@@ -333,4 +343,34 @@ def test_an_action_whose_claim_was_committed_but_not_answered_still_runs(
         assert len(recorder.executed) == 1
     finally:
         worker.stop()
+        store.close()
+
+
+def test_sqlite_checkpoints_run_off_the_writer(tmp_path: Path) -> None:
+    # Commits do not copy the WAL into the database file (no checkpoint inside a webhook's
+    # commit); the store's own thread does, so the file itself catches up soon after.
+    from trainguard.remediation.store import Store
+
+    path = tmp_path / "c.db"
+    store = Store(path, synchronous="NORMAL")
+    try:
+        (autocheckpoint,) = store.read(
+            lambda conn: conn.exec_driver_sql("PRAGMA wal_autocheckpoint").one()
+        )
+        assert autocheckpoint == 0
+        store.write_sync(
+            lambda conn: conn.execute(text("INSERT INTO breakers VALUES ('x', 0, 'r')"))
+        )
+
+        def in_the_file() -> bool:
+            # immutable=1 reads the database file alone, ignoring the WAL.
+            with sqlite3.connect(f"file:{path}?immutable=1", uri=True) as conn:
+                try:
+                    found = conn.execute("SELECT subject FROM breakers").fetchall()
+                except sqlite3.OperationalError:  # not even the schema copied yet
+                    return False
+            return found == [("x",)]
+
+        wait_for(in_the_file, timeout=10)
+    finally:
         store.close()

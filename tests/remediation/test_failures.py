@@ -10,7 +10,16 @@ from typing import Any
 
 import pytest
 
-from tests.remediation.conftest import AUTH, alert, both_backends, payload, serve, wait_for
+from tests.remediation.conftest import (
+    AUTH,
+    alert,
+    both_backends,
+    drained,
+    notify,
+    payload,
+    serve,
+    wait_for,
+)
 from trainguard import contract
 from trainguard.contract import Action, Failure
 from trainguard.remediation.actions import CATALOG, failure_of
@@ -37,13 +46,9 @@ def test_a_training_oom_alert_yields_records_of_failure_oom(
     live = settings.model_copy(update={"dry_run": False, "directive_ack_settle_seconds": 0.0})
     caplog.set_level(logging.INFO)
     with serve(live) as client:
-        response = client.post(
-            "/v1/alertmanager",
-            json=payload(alert(contract.Alert.TRAINING_OOM.value, job_id="j", rank="0")),
-            headers=AUTH,
-        )
-        assert response.status_code == 200, response.text
-        planned = response.json()["planned_actions"]
+        planned = notify(
+            client, payload(alert(contract.Alert.TRAINING_OOM.value, job_id="j", rank="0"))
+        )["planned_actions"]
         # The default policy's plan for TrainingOOM: split micro-batches, then advise.
         actions = _actions(client)
         assert [a["action"] for a in reversed(actions)] == [
@@ -99,6 +104,7 @@ def test_an_alert_that_is_not_ours_has_no_failure(
         client.post(
             "/v1/alertmanager", json=payload(alert("SomeoneElsesAlert", job_id="j")), headers=AUTH
         ).raise_for_status()
+        drained(client)
         (action,) = _actions(client)
     assert action["action"] == Action.RECOMMEND.value and action["failure"] is None
     (decision,) = _events(caplog, contract.EventKind.DECISION)

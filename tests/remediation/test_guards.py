@@ -15,6 +15,7 @@ from tests.remediation.conftest import (
     alert,
     both_backends,
     fresh_database,
+    notify,
     payload,
     serve,
     wait_for,
@@ -30,9 +31,7 @@ def _actions(client: TestClient, **params: str) -> list[dict[str, Any]]:
 
 
 def _send(client: TestClient, *alerts: dict[str, Any]) -> dict[str, Any]:
-    response = client.post("/v1/alertmanager", json=payload(*alerts), headers=AUTH)
-    assert response.status_code == 200, response.text
-    return dict(response.json())
+    return notify(client, payload(*alerts))
 
 
 def test_dry_run_is_the_default_and_executes_nothing(

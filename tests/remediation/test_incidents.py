@@ -15,6 +15,7 @@ from tests.remediation.conftest import (
     RecordingExecutor,
     alert,
     both_backends,
+    notify,
     payload,
     rows,
     serve,
@@ -29,9 +30,7 @@ from trainguard.remediation.settings import Settings
 
 
 def _send(client: TestClient, *alerts: dict[str, Any]) -> dict[str, Any]:
-    response = client.post("/v1/alertmanager", json=payload(*alerts), headers=AUTH)
-    assert response.status_code == 200, response.text
-    return dict(response.json())
+    return notify(client, payload(*alerts))
 
 
 def _incidents(client: TestClient, **params: str) -> list[dict[str, Any]]:

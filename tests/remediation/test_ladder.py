@@ -19,6 +19,7 @@ from tests.remediation.conftest import (
     alert,
     both_backends,
     executors_with,
+    notify,
     payload,
     rows,
     serve,
@@ -48,8 +49,7 @@ def serve_verified(
 
 
 def _send(client: TestClient, *alerts: dict[str, Any]) -> None:
-    response = client.post("/v1/alertmanager", json=payload(*alerts), headers=AUTH)
-    assert response.status_code == 200, response.text
+    notify(client, payload(*alerts))
 
 
 def _only_incident(client: TestClient) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.remediation.conftest import AUTH, alert, payload, serve, wait_for
+from tests.remediation.conftest import AUTH, alert, notify, payload, serve, wait_for
 from trainguard.remediation.settings import Settings
 
 pytest.importorskip("torch")
@@ -66,9 +66,7 @@ def _state(client: TestClient, action_id: int) -> str:
 
 def _fire(client: TestClient, name: str, **labels: str) -> dict[str, Any]:
     body = payload(alert(name, fingerprint=uuid.uuid4().hex, **labels))
-    response = client.post("/v1/alertmanager", json=body, headers=AUTH)
-    assert response.status_code == 200, response.text
-    (action_id,) = response.json()["planned_actions"]
+    (action_id,) = notify(client, body)["planned_actions"]
     wait_for(lambda: _state(client, action_id) in ("succeeded", "failed"), timeout=30)
     view = client.get(f"/v1/actions/{action_id}", headers=AUTH).json()
     assert view["state"] == "succeeded", view
@@ -122,8 +120,7 @@ def test_restart_and_exclude_node_of_a_real_elastic_job(tmp_path: Path, settings
                     rank="1",
                 )
             )
-            response = client.post("/v1/alertmanager", json=body, headers=AUTH)
-            actions = response.json()["planned_actions"]
+            actions = notify(client, body)["planned_actions"]
             exclude = max(actions)
             wait_for(lambda: _state(client, exclude) in ("succeeded", "failed"), timeout=30)
             view = client.get(f"/v1/actions/{exclude}", headers=AUTH).json()

@@ -15,6 +15,7 @@ from tests.remediation.conftest import (
     OPERATOR_TOKEN,
     TOKEN,
     alert,
+    notify,
     payload,
     serve,
 )
@@ -24,7 +25,7 @@ from trainguard.remediation.settings import ConfigurationError, Settings
 
 def _waiting_action(client: TestClient) -> int:
     body = payload(alert("TrainingRankDown", job_id="j1"))
-    assert client.post("/v1/alertmanager", json=body, headers=AUTH).status_code == 200
+    notify(client, body)
     (action,) = client.get("/v1/actions", headers=AUTH).json()["actions"]
     assert action["state"] == "awaiting_approval"
     return int(action["id"])

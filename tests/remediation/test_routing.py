@@ -6,7 +6,15 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.remediation.conftest import AUTH, RecordingExecutor, alert, payload, serve, wait_for
+from tests.remediation.conftest import (
+    AUTH,
+    RecordingExecutor,
+    alert,
+    notify,
+    payload,
+    serve,
+    wait_for,
+)
 from trainguard import contract
 from trainguard.remediation.settings import Settings
 
@@ -30,8 +38,7 @@ def test_each_action_runs_on_the_executor_its_scheduler_label_names(settings: Se
         alert("TrainingRankDown", fingerprint="d", job_id="unlabelled"),
     ]
     with serve(settings, *recorders.values()) as client:
-        response = client.post("/v1/alertmanager", json=payload(*alerts), headers=AUTH)
-        assert response.status_code == 200, response.text
+        notify(client, payload(*alerts))
         wait_for(lambda: all(a["state"] == "succeeded" for a in _actions(client)))
         executors = {a["subject"]: a["executor"] for a in _actions(client)}
     assert executors == {

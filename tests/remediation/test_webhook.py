@@ -14,6 +14,9 @@ from tests.remediation.conftest import (
     TOKEN,
     alert,
     both_backends,
+    decided,
+    drained,
+    notify,
     payload,
     rows,
     serve,
@@ -25,17 +28,31 @@ from trainguard.remediation.settings import ConfigurationError, Settings
 
 
 @both_backends
-def test_stores_alert_before_answering_200(settings: Settings) -> None:
+def test_commits_the_notification_before_answering_200(settings: Settings) -> None:
+    sent = payload(alert(job_id="j1"))
     with serve(settings) as client:
-        response = client.post("/v1/alertmanager", json=payload(alert(job_id="j1")), headers=AUTH)
+        response = client.post("/v1/alertmanager", json=sent, headers=AUTH)
         assert response.status_code == 200, response.text
-        body = response.json()
-        assert body["stored"] == 1 and body["duplicates"] == 0
-        # The answer came after the commit: another connection sees the row at once.
+        accepted = response.json()
+        assert accepted["alerts"] == 1
+        # The answer came after the commit: another connection sees the entry at once.
+        ((body, group_key, alerts),) = rows(
+            settings,
+            f"SELECT body, group_key, alerts FROM inbox WHERE id = {accepted['notification']}",
+        )
+        assert (group_key, alerts) == (sent["groupKey"], 1)
+        assert body is None or json.loads(bytes(body)) == sent  # the body, until it is decided
+        result = decided(client, response)
+        assert result["stored"] == 1 and result["duplicates"] == 0
         assert rows(settings, "SELECT fingerprint, name, status FROM alerts") == [
             ("fp1", "TrainingCollectiveStalled", "firing")
         ]
-        assert len(body["planned_actions"]) == 2  # dump_diagnostics, restart_from_checkpoint
+        assert len(result["planned_actions"]) == 2  # dump_diagnostics, restart_from_checkpoint
+        # Decided: the entry keeps what it came to, not the body (the alerts table has it).
+        view = client.get(f"/v1/notifications/{accepted['notification']}", headers=AUTH).json()
+        assert view["result"] == result and view["error"] is None
+        assert rows(settings, "SELECT body IS NULL FROM inbox") == [(1,)]
+        assert client.get("/v1/notifications/99", headers=AUTH).status_code == 404
 
 
 @pytest.mark.parametrize(
@@ -49,7 +66,8 @@ def test_401_without_the_token(settings: Settings, headers: dict[str, str]) -> N
         assert response.status_code == 401
         assert response.headers["www-authenticate"] == "Bearer"
         assert client.get("/v1/actions", headers=headers).status_code == 401
-        assert rows(settings, "SELECT * FROM alerts") == []
+        assert client.get("/v1/notifications/1", headers=headers).status_code == 401
+        assert rows(settings, "SELECT * FROM inbox") == []
         assert 'reason="unauthorized"' in client.get("/metrics").text
 
 
@@ -101,15 +119,15 @@ def test_422_names_the_bad_field(settings: Settings, mutate, where) -> None:
         response = client.post("/v1/alertmanager", json=body, headers=AUTH)
         assert response.status_code == 422
         assert [error["loc"] for error in response.json()["detail"]] == [where]
-        assert rows(settings, "SELECT * FROM alerts") == []
+        assert rows(settings, "SELECT * FROM inbox") == []
 
 
 @both_backends
 def test_duplicate_delivery_is_stored_once(settings: Settings) -> None:
     body = payload(alert(job_id="j1"))
     with serve(settings) as client:
-        first = client.post("/v1/alertmanager", json=body, headers=AUTH).json()
-        second = client.post("/v1/alertmanager", json=body, headers=AUTH).json()
+        first = notify(client, body)
+        second = notify(client, body)
         assert (first["stored"], first["duplicates"]) == (1, 0)
         assert (second["stored"], second["duplicates"]) == (0, 1)
         assert second["planned_actions"] == []
@@ -117,7 +135,7 @@ def test_duplicate_delivery_is_stored_once(settings: Settings) -> None:
         assert rows(settings, "SELECT COUNT(*) FROM actions") == [(2,)]
         # A new startsAt for the same fingerprint is a new alert.
         again = payload(alert(job_id="j1", starts_at="2026-01-02T00:00:00Z"))
-        assert client.post("/v1/alertmanager", json=again, headers=AUTH).json()["stored"] == 1
+        assert notify(client, again)["stored"] == 1
         metrics = client.get("/metrics").text
         assert f"{contract.REMEDIATION_ALERTS_DEDUPLICATED.name} 1.0" in metrics
 
@@ -126,7 +144,7 @@ def test_duplicate_delivery_is_stored_once(settings: Settings) -> None:
 def test_resolved_cancels_pending_actions(settings: Settings) -> None:
     settings = settings.model_copy(update={"dry_run": False})
     with serve(settings) as client:
-        client.post("/v1/alertmanager", json=payload(alert(job_id="j1")), headers=AUTH)
+        notify(client, payload(alert(job_id="j1")))
         actions = client.get("/v1/actions", headers=AUTH).json()["actions"]
         restart = next(a for a in actions if a["action"] == "restart_from_checkpoint")
         assert restart["state"] == "awaiting_approval"
@@ -139,7 +157,7 @@ def test_resolved_cancels_pending_actions(settings: Settings) -> None:
             )
         )
         resolved = payload(alert(job_id="j1", status="resolved"), status="resolved")
-        body = client.post("/v1/alertmanager", json=resolved, headers=AUTH).json()
+        body = notify(client, resolved)
         assert body["resolved"] == 1 and body["cancelled_actions"] == 1
         view = client.get(f"/v1/actions/{restart['id']}", headers=AUTH).json()
         assert view["state"] == "cancelled"
@@ -154,10 +172,9 @@ def test_a_firing_notification_after_the_resolution_plans_nothing(settings: Sett
     settings = settings.model_copy(update={"dry_run": False})
     resolved = payload(alert(job_id="j1", status="resolved"), status="resolved")
     with serve(settings) as client:
-        client.post("/v1/alertmanager", json=resolved, headers=AUTH)
-        late = client.post("/v1/alertmanager", json=payload(alert(job_id="j1")), headers=AUTH)
-        assert late.status_code == 200
-        assert (late.json()["duplicates"], late.json()["planned_actions"]) == (1, [])
+        notify(client, resolved)
+        late = notify(client, payload(alert(job_id="j1")))
+        assert (late["duplicates"], late["planned_actions"]) == (1, [])
         assert client.get("/v1/actions", headers=AUTH).json()["actions"] == []
         assert rows(settings, "SELECT status, notifications FROM alerts") == [("resolved", 2)]
 
@@ -168,7 +185,7 @@ def test_one_notification_of_many_alerts_is_stored_alert_by_alert(settings: Sett
     # job: every action must be planned for its own alert.
     alerts = [alert("TrainingRankDown", fingerprint=f"f{i}", job_id=f"j{i}") for i in range(120)]
     with serve(settings) as client:
-        body = client.post("/v1/alertmanager", json=payload(*alerts), headers=AUTH).json()
+        body = notify(client, payload(*alerts))
         assert (body["stored"], body["duplicates"], len(body["planned_actions"])) == (120, 0, 120)
         found = rows(
             settings,
@@ -186,9 +203,7 @@ def test_an_alert_twice_in_one_notification_is_stored_once(settings: Settings) -
     twice = alert("TrainingRankDown", fingerprint="a", job_id="j1")
     other = alert("TrainingRankDown", fingerprint="b", job_id="j2")
     with serve(settings) as client:
-        body = client.post(
-            "/v1/alertmanager", json=payload(twice, other, twice), headers=AUTH
-        ).json()
+        body = notify(client, payload(twice, other, twice))
         assert (body["stored"], body["duplicates"], len(body["planned_actions"])) == (2, 1, 2)
         assert sorted(rows(settings, "SELECT fingerprint, notifications FROM alerts")) == [
             ("a", 2),
@@ -204,7 +219,7 @@ def test_a_resolution_in_the_same_notification_cancels_what_it_planned(
     firing = alert("TrainingRankDown", fingerprint="a", job_id="j1")
     resolved = alert("TrainingRankDown", fingerprint="a", job_id="j1", status="resolved")
     with serve(settings) as client:
-        body = client.post("/v1/alertmanager", json=payload(firing, resolved), headers=AUTH).json()
+        body = notify(client, payload(firing, resolved))
         assert (body["resolved"], body["cancelled_actions"]) == (1, 1)
         (action_id,) = body["planned_actions"]
         view = client.get(f"/v1/actions/{action_id}", headers=AUTH).json()
@@ -250,12 +265,15 @@ def test_operations_endpoints(settings: Settings) -> None:
         assert client.get("/healthz").json() == {"status": "ok"}
         assert client.get("/readyz").json() == {"status": "ready"}
         client.post("/v1/alertmanager", json=payload(alert(job_id="j1")), headers=AUTH)
+        drained(client)
         metrics = client.get("/metrics").text
         for spec in contract.REMEDIATION_METRICS:
             assert f"# TYPE {spec.name.removesuffix('_total')}" in metrics, spec.name
         assert f'{contract.REMEDIATION_ALERTS_RECEIVED.name}{{status="firing"}} 1.0' in metrics
         assert f'{contract.REMEDIATION_ACTIONS.name}{{state="dry_run"}} 2.0' in metrics
         assert f"{contract.REMEDIATION_DRY_RUN.name} 1.0" in metrics
+        assert f"{contract.REMEDIATION_INBOX_DEPTH.name} 0.0" in metrics
+        assert f"{contract.REMEDIATION_DECISION_LAG.name}_count 1.0" in metrics
         spec = client.get("/openapi.json").json()
         assert {"/v1/alertmanager", "/v1/actions", "/v1/directives", "/readyz"} <= set(
             spec["paths"]

@@ -8,15 +8,13 @@ import time
 from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, status
+from fastapi import APIRouter, HTTPException, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from trainguard import contract
 from trainguard.contract import IncidentOutcome
-from trainguard.events import log_event
-from trainguard.remediation import incidents, queries
+from trainguard.remediation import inbox, incidents, queries
 from trainguard.remediation.deps import (
     Authenticated,
     HubDep,
@@ -41,8 +39,9 @@ from trainguard.remediation.models import (
     IncidentList,
     IncidentState,
     IncidentView,
+    NotificationView,
+    WebhookAccepted,
     WebhookPayload,
-    WebhookResult,
 )
 from trainguard.remediation.store import StoreError, UnstorableError
 
@@ -60,45 +59,64 @@ ActionId = Annotated[int, Path(ge=1, le=2**62)]
 _UNAVAILABLE = "the store could not commit; retry"
 
 
-@v1.post("/alertmanager", response_model=WebhookResult, tags=["alertmanager"])
-async def alertmanager(payload: WebhookPayload, runtime: RuntimeDep) -> WebhookResult:
-    """Alertmanager's webhook (payload version 4). 200 only once the alerts are on disk."""
+@v1.post("/alertmanager", response_model=WebhookAccepted, tags=["alertmanager"])
+async def alertmanager(
+    payload: WebhookPayload, request: Request, runtime: RuntimeDep
+) -> WebhookAccepted:
+    """Alertmanager's webhook (payload version 4). 200 only once the notification is committed
+    to the inbox; it is decided after, in the order notifications were accepted."""
     # One dependency rather than four: this is the hot path, and each costs a resolution.
-    store, engine, metrics, worker = runtime.store, runtime.engine, runtime.metrics, runtime.worker
+    store, metrics = runtime.store, runtime.metrics
     started = time.perf_counter()
+    # FastAPI read the body to validate it; this is that read, kept.
+    body = await request.body()
+    # JSON carries a NUL only escaped; the model walk runs only when the escape is there.
+    if store.refuses_nul and b"\\u0000" in body and inbox.has_nul(payload):
+        metrics.webhook_rejected.labels("invalid").inc()
+        # Retrying could never succeed (and would hold back the rest of its group).
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            "the database cannot store this: a text holds a NUL character (\\u0000)",
+        )
     try:
-        result, planned = await store.write(engine.ingest(payload))
+        entry_id = await store.write(inbox.accept(body, payload, time.time()))
     except StoreError as exc:
         metrics.webhook_rejected.labels("unavailable").inc()
         # Alertmanager retries on 5xx: nothing was acknowledged, nothing is lost.
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, _UNAVAILABLE) from exc
     except UnstorableError as exc:
-        # Retrying could never succeed (and would hold back the rest of its group).
         metrics.webhook_rejected.labels("invalid").inc()
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
-    if planned.queued:
-        worker.wake()
-    firing = len(payload.alerts) - result.resolved
+    runtime.decider.accepted(entry_id)
+    resolved = sum(1 for alert in payload.alerts if alert.status is AlertStatus.RESOLVED)
+    firing = len(payload.alerts) - resolved
     if firing:
         metrics.alerts_received.labels(AlertStatus.FIRING.value).inc(firing)
-    if result.resolved:
-        metrics.alerts_received.labels(AlertStatus.RESOLVED.value).inc(result.resolved)
-    if result.duplicates:
-        metrics.alerts_deduplicated.inc(result.duplicates)
-    metrics.record_decisions(planned.decisions)
-    # Built only when logged: a notification of ten alerts makes twenty decisions.
-    for decided in planned.decided if log.isEnabledFor(logging.INFO) else ():
-        action, state = decided.action.value, decided.state.value
-        log_event(
-            f"decision: {action} -> {state}",
-            contract.EventKind.DECISION,
-            level=logging.INFO,
-            logger=log,
-            failure=decided.failure,
-            details={"action": action, "state": state, "group_key": payload.group_key},
-        )
+    if resolved:
+        metrics.alerts_received.labels(AlertStatus.RESOLVED.value).inc(resolved)
     metrics.webhook_duration.observe(time.perf_counter() - started)
-    return result
+    return WebhookAccepted(notification=entry_id, alerts=len(payload.alerts))
+
+
+@audit.get("/notifications/{notification_id}", response_model=NotificationView, tags=["audit"])
+async def get_notification(
+    notification_id: ActionId,
+    runtime: RuntimeDep,
+    wait: Annotated[
+        float, Query(ge=0, le=3600, description="Long-poll seconds for its decision.")
+    ] = 0.0,
+) -> NotificationView:
+    """One notification of the inbox: accepted, decided (or failed) and what it came to."""
+    store, decider = runtime.store, runtime.decider
+    deadline = time.monotonic() + min(wait, runtime.settings.long_poll_max_seconds)
+    while True:
+        found = await run_in_threadpool(store.read, partial(inbox.view, entry_id=notification_id))
+        if found is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no notification {notification_id}")
+        remaining = deadline - time.monotonic()
+        if found.decided_at is not None or remaining <= 0:
+            return found
+        await run_in_threadpool(decider.wait, notification_id, remaining)
 
 
 @audit.get("/actions", response_model=ActionList, tags=["audit"])
@@ -280,11 +298,13 @@ def healthz() -> dict[str, str]:
 async def readyz(
     store: StoreDep, worker: WorkerDep, runtime: RuntimeDep, response: Response
 ) -> dict[str, str]:
-    """The store commits (its savepoint reaches the database server), the worker and the
-    verifier run."""
+    """The store commits (its savepoint reaches the database server), the worker, the verifier
+    and the inbox's decider run."""
     problems = []
     if not worker.alive():
         problems.append("worker not running")
+    if not runtime.decider.alive():
+        problems.append("decider not running")
     if not runtime.verifier.alive():
         problems.append("verifier not running")
     try:

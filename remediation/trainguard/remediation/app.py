@@ -1,8 +1,9 @@
 """The FastAPI application: wiring of settings, store, policy, executors and worker.
 
-``create_app(settings)`` builds an app whose lifespan opens the store, starts the worker and the
-verifier and closes them again; everything a request needs hangs off ``app.state.runtime`` and
-reaches the routes through the dependencies in :mod:`trainguard.remediation.deps`.
+``create_app(settings)`` builds an app whose lifespan opens the store, starts the worker, the
+verifier and the inbox's decider and closes them again; everything a request needs hangs off
+``app.state.runtime`` and reaches the routes through the dependencies in
+:mod:`trainguard.remediation.deps`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from trainguard.remediation.executors.local import LocalExecutor
 from trainguard.remediation.executors.page import PageExecutor
 from trainguard.remediation.executors.slurm import SlurmExecutor
 from trainguard.remediation.hub import DirectiveHub
+from trainguard.remediation.inbox import Decider
 from trainguard.remediation.metrics import Metrics
 from trainguard.remediation.policy import load_policy
 from trainguard.remediation.settings import Settings
@@ -203,11 +205,24 @@ def create_app(
             interval=settings.verify_interval_seconds,
             wake_worker=worker.wake,
         )
+        decider = Decider(store, engine, metrics, wake_worker=worker.wake)
         app.state.runtime = Runtime(
-            settings, token, operator_token, policy, store, engine, metrics, hub, worker, verifier
+            settings,
+            token,
+            operator_token,
+            policy,
+            store,
+            engine,
+            metrics,
+            hub,
+            worker,
+            verifier,
+            decider,
         )
         worker.start()
         verifier.start()
+        # Notifications a previous process accepted and did not decide come first.
+        decider.start()
         if query is None:
             log.warning("no prometheus_url: repairs are verified by their alerts resolving alone")
         if token is None:
@@ -222,6 +237,7 @@ def create_app(
         try:
             yield
         finally:
+            decider.stop()
             verifier.stop()
             worker.stop()
             if isinstance(query, PrometheusQuery):

@@ -15,6 +15,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from trainguard.remediation.engine import Engine
 from trainguard.remediation.hub import DirectiveHub
+from trainguard.remediation.inbox import Decider
 from trainguard.remediation.metrics import Metrics
 from trainguard.remediation.policy import Policy
 from trainguard.remediation.settings import ENV_PREFIX, Settings
@@ -38,6 +39,7 @@ class Runtime:
     hub: DirectiveHub
     worker: Worker
     verifier: Verifier
+    decider: Decider
 
 
 async def get_runtime(request: Request) -> Runtime:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -12,7 +13,7 @@ from prometheus_client.registry import Collector
 from trainguard import contract
 from trainguard.contract import Action
 from trainguard.prometheus_families import gauge_family
-from trainguard.remediation import incidents, queries
+from trainguard.remediation import inbox, incidents, queries
 from trainguard.remediation.actions import failure_of
 from trainguard.remediation.models import ActionState
 from trainguard.remediation.policy import Policy
@@ -21,12 +22,14 @@ from trainguard.remediation.store import Store, StoreError
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _ACTION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 # Detection, action and recovery: from seconds (a directive) to hours (a human after a page).
+# From the next moment (an idle decider) to minutes (a burst the decider works through).
+_LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _INCIDENT_BUCKETS = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
 
 
 class StoreCollector(Collector):
     """Gauges read from the store at scrape time: actions by state, open breakers, dry-run,
-    open incidents by failure."""
+    open incidents by failure, the inbox's depth, oldest wait and failures."""
 
     def __init__(self, store: Store, dry_run: bool) -> None:
         self._store = store
@@ -40,15 +43,19 @@ class StoreCollector(Collector):
             counts = self._store.read(queries.state_counts)
             breakers = len(self._store.read(queries.breakers))
             open_incidents = self._store.read(incidents.open_counts)
+            lag = self._store.read(lambda conn: inbox.lag(conn, time.time()))
+            failed = self._store.read(inbox.failed_count)
         except StoreError:
             return
-        yield from self._families(counts, breakers, open_incidents)
+        yield from self._families(counts, breakers, open_incidents, lag, failed)
 
     def _families(
         self,
         counts: dict[str, int],
         breakers: int,
         open_incidents: dict[str | None, int] | None = None,
+        lag: tuple[int, float] = (0, 0.0),
+        failed: int = 0,
     ) -> Iterator[Metric]:
         actions = gauge_family(contract.REMEDIATION_ACTIONS)
         for state in ActionState:
@@ -64,6 +71,10 @@ class StoreCollector(Collector):
         if found.get(None):
             opened.add_metric([""], found[None])
         yield opened
+        depth, oldest = lag
+        yield gauge_family(contract.REMEDIATION_INBOX_DEPTH, value=depth)
+        yield gauge_family(contract.REMEDIATION_INBOX_OLDEST_AGE, value=oldest)
+        yield gauge_family(contract.REMEDIATION_INBOX_FAILED, value=failed)
 
 
 class Metrics:
@@ -89,6 +100,12 @@ class Metrics:
             c.REMEDIATION_WEBHOOK_DURATION.client_name,
             c.REMEDIATION_WEBHOOK_DURATION.documentation,
             buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.decision_lag = Histogram(
+            c.REMEDIATION_DECISION_LAG.client_name,
+            c.REMEDIATION_DECISION_LAG.documentation,
+            buckets=_LAG_BUCKETS,
             registry=self.registry,
         )
         self.action_duration = Histogram(

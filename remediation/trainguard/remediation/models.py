@@ -69,14 +69,39 @@ class WebhookPayload(_Camel):
     alerts: list[WebhookAlert] = Field(min_length=1)
 
 
+class WebhookAccepted(BaseModel):
+    """The webhook's answer: the notification is committed to the inbox and will be decided, in
+    the order notifications were accepted."""
+
+    notification: int = Field(
+        description="Its id in the inbox: GET /v1/notifications/{id} shows what it came to."
+    )
+    alerts: int
+
+
 class WebhookResult(BaseModel):
-    """What the webhook stored: counts, and the ids of actions it planned."""
+    """What deciding a notification came to: counts, and the ids of actions it planned."""
 
     stored: int
     duplicates: int
     resolved: int
     cancelled_actions: int
     planned_actions: list[int]
+
+
+class NotificationView(BaseModel):
+    """One notification of the inbox: when it was accepted and decided, and what it came to."""
+
+    id: int
+    group_key: str
+    alerts: int
+    accepted_at: datetime
+    decided_at: datetime | None = Field(
+        description="When it was decided, or given up on (then ``error`` says why); null while "
+        "it waits in the inbox."
+    )
+    result: WebhookResult | None
+    error: str | None
 
 
 class ActionState(str, enum.Enum):

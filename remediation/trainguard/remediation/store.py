@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     Table,
@@ -57,6 +59,7 @@ from trainguard.remediation.engine import COUNTED_FILTER
 from trainguard.remediation.sql import Statement
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 metadata = MetaData()
 
@@ -283,7 +286,39 @@ discovery_targets = Table(
     Index("discovery_targets_job", "kind", "job_id"),
 )
 
+# The webhook's inbox (trainguard.remediation.inbox): each notification as received, committed
+# before the webhook answers and decided afterwards, in id order. A decided entry keeps what its
+# decision came to (``result``) and drops its body (its alerts are in ``alerts`` by then); one
+# that could not be decided keeps its body and the ``error``.
+inbox = Table(
+    "inbox",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("body", LargeBinary),
+    Column("group_key", Text, nullable=False),
+    Column("alerts", Integer, nullable=False),
+    Column("accepted_at", Float, nullable=False),
+    Column("decided_at", Float),
+    Column("result", Text),
+    Column("error", Text),
+    # What the decider reads and the lag gauges count: the undecided entries only.
+    Index(
+        "inbox_undecided",
+        "id",
+        "accepted_at",
+        sqlite_where=text("decided_at IS NULL"),
+        postgresql_where=text("decided_at IS NULL"),
+    ),
+    Index(
+        "inbox_failed",
+        "id",
+        sqlite_where=text("error IS NOT NULL"),
+        postgresql_where=text("error IS NOT NULL"),
+    ),
+)
+
 _BATCH = 512
+_CHECKPOINT_SECONDS = 1.0
 # Readers are the request threads (FastAPI's pool of 40) and the worker.
 _POOL_SIZE = 8
 _POOL_OVERFLOW = 40
@@ -314,6 +349,11 @@ _ROLLBACK_TO_SAVEPOINT = Statement("ROLLBACK TO SAVEPOINT unit")
 
 class StoreError(RuntimeError):
     """The store is closed or its database cannot be reached or written."""
+
+
+class CommitError(StoreError):
+    """The batch a unit ran in was not committed (a lost connection, a failed commit): the unit
+    itself may be fine, and running it again may succeed."""
 
 
 class UnstorableError(ValueError):
@@ -396,6 +436,8 @@ class Store:
             )
         # Replicas share a Postgres database; a SQLite file has one service process.
         self.shared = self.engine.dialect.name == "postgresql"
+        # Postgres keeps no NUL character in text (a JSON "\\u0000" decoded); SQLite does.
+        self.refuses_nul = self.shared
         self._queue: queue.Queue[Any] = queue.Queue()
         self._closed = False
         self._lock_conn: Connection | None = None
@@ -414,6 +456,13 @@ class Store:
             target=self._write_loop, name="trainguard-remediation-writer", daemon=True
         )
         self._writer.start()
+        self._checkpoints_stop = threading.Event()
+        self._checkpointer: threading.Thread | None = None
+        if not self.shared:
+            self._checkpointer = threading.Thread(
+                target=self._checkpoint_loop, name="trainguard-remediation-checkpoint", daemon=True
+            )
+            self._checkpointer.start()
 
     # --- writing ---------------------------------------------------------------------------
     def submit(self, unit: Callable[[Connection], T]) -> concurrent.futures.Future[T]:
@@ -489,7 +538,7 @@ class Store:
             # Nothing of the batch is committed and nobody is told it is. A connection lost on
             # the way was invalidated where that was noticed (SQLAlchemy, or Statement); the
             # writer carries on with a new one at the next batch.
-            error = StoreError(f"commit failed: {exc}")
+            error = CommitError(f"commit failed: {exc}")
             error.__cause__ = exc
             for _, future in batch:
                 future.set_exception(error)
@@ -499,6 +548,24 @@ class Store:
                 future.set_result(value)
             else:
                 future.set_exception(value)
+
+    def _checkpoint_loop(self) -> None:
+        """Copy SQLite's WAL into the database file off the writer's path.
+
+        SQLite's default checkpoint runs inside the commit that fills the WAL past 1000 pages:
+        that commit, and every webhook waiting on it, then also writes those pages to the
+        database file and fsyncs it. Connections here do not checkpoint on commit
+        (``wal_autocheckpoint=0``); this thread does, PASSIVE (it never blocks the writer or
+        readers), every second. The WAL restarts from its beginning once a checkpoint has
+        caught up with it.
+        """
+        while not self._checkpoints_stop.wait(_CHECKPOINT_SECONDS):
+            try:
+                with self.engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+            except SQLAlchemyError:
+                # The next turn tries again; meanwhile the WAL only grows.
+                log.warning("SQLite checkpoint failed", exc_info=True)
 
     # --- reading ---------------------------------------------------------------------------
     def read(self, query: Callable[[Connection], T]) -> T:
@@ -562,6 +629,9 @@ class Store:
         self._closed = True
         self._queue.put(_STOP)
         self._writer.join()
+        self._checkpoints_stop.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join()
         with self._lock_mutex:
             self._release_lock_conn()
         self.engine.dispose()
@@ -584,6 +654,8 @@ def _sqlite_engine(url: URL, synchronous: str) -> Engine:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
+        # Checkpoints run on their own thread (Store._checkpoint_loop), not inside commits.
+        cursor.execute("PRAGMA wal_autocheckpoint=0")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
