@@ -11,8 +11,12 @@ shipped 10m would make one size take 13 minutes; ``--for-cap none`` keeps the sh
 ``--scrape-interval`` / ``--eval-interval`` override the intervals (the quick test uses 2 s).
 
 Once every target is up, the job warms up (``--warmup`` seconds, and at least the rules'
-``warmup_steps`` steps), then both faults start at once: one rank's compute slows by the fleet's
-``--slow-factor`` and another rank hangs. It then polls ``/api/v1/alerts`` every second and
+``warmup_steps`` steps), then both faults start at once, on a whole evaluation interval of unix
+time: one rank's compute slows by the fleet's ``--slow-factor`` and another rank hangs. Every
+size loads the same rule files, written once, so Prometheus gives each run's groups the same
+offsets in the interval; with the faults on the same phase of it, an alert that waits on a chain
+of groups (the straggler: per-rank means, then the job's median, then the alert) lags the fault
+the same at every size, and the alert times compare. It then polls ``/api/v1/alerts`` every second and
 records, from the fault start, when ``TrainingStraggler`` fires for the slowed rank and
 ``TrainingCollectiveStalled`` for the hung rank; any other alert firing at any time of the run
 (another alert, or one of these on another rank) is a false alert. After both fired, and
@@ -57,7 +61,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -171,6 +175,11 @@ class Settings:
     keep: bool
     # time.monotonic() past which every run stops (--time-budget): the benchmark is bounded.
     ends_at: float
+    # The rule files every size's Prometheus loads, written once: Prometheus places each group
+    # in its interval by a hash of the group's name and file, so the same files give every run
+    # the same offsets between its groups (a chain of groups lags the same at every size).
+    rule_files: tuple[Path, ...] = ()
+    alert_for_s: tuple[tuple[str, float], ...] = ()
 
 
 def shipped_config() -> dict[str, Any]:
@@ -435,7 +444,7 @@ class Run:
         prometheus_bin = shutil.which("prometheus")
         if prometheus_bin is None:
             raise RunError("prometheus is not installed (Debian: apt-get install prometheus)")
-        rules, fors = write_rules(work, s.for_cap)
+        rules, fors = list(s.rule_files), dict(s.alert_for_s)
         r.alert_for_s = {a: fors[a] for a in (STRAGGLER, STALL)}
         targets, ready_file = work / "targets.json", work / "fleet.json"
         fleet = self.children.start(
@@ -493,6 +502,10 @@ class Run:
             self._watch(api, alerts, pending, since=None)
             self.rss()
             self.sleep(POLL_SECONDS)
+        # Faults start on the evaluation grid (unix time, whole intervals), in every run at the
+        # same phase of every group's interval, so the alerts' times compare across sizes.
+        interval = eval_interval_s(s)
+        self.sleep(interval - time.time() % interval)
         cpu_before = _cpu_seconds(fleet)
         prometheus_cpu_before = _cpu_seconds(self.prometheus)
         faults_at = float(httpx.post(f"{fleet_url}/faults", timeout=60).json()["faults_at"])
@@ -653,6 +666,23 @@ def main(argv: list[str] | None = None) -> int:
         workdir=args.workdir,
         keep=args.keep,
     )
+    rules_dir = Path(tempfile.mkdtemp(prefix="scale-rules-", dir=settings.workdir))
+    try:
+        rule_files, fors = write_rules(rules_dir, settings.for_cap)
+    except RunError as error:
+        shutil.rmtree(rules_dir, ignore_errors=True)
+        log(f"failed: {error}")
+        return 1
+    settings = replace(
+        settings, rule_files=tuple(rule_files), alert_for_s=tuple(sorted(fors.items()))
+    )
+    try:
+        return _run_sizes(args, settings)
+    finally:
+        shutil.rmtree(rules_dir, ignore_errors=True)
+
+
+def _run_sizes(args: argparse.Namespace, settings: Settings) -> int:
     children, stop = Children(), threading.Event()
     results: list[Result] = []
     reference: list[Result] = []
