@@ -16,8 +16,8 @@ time: one rank's compute slows by the fleet's ``--slow-factor`` and another rank
 size loads the same rule files, written once, so Prometheus gives each run's groups the same
 offsets in the interval; with the faults on the same phase of it, an alert that waits on a chain
 of groups (the straggler: per-rank means, then the job's median, then the alert) lags the fault
-the same at every size, and the alert times compare. It then polls ``/api/v1/alerts`` every second and
-records, from the fault start, when ``TrainingStraggler`` fires for the slowed rank and
+the same at every size, and the alert times compare. It then polls ``/api/v1/alerts`` every
+second and records, from the fault start, when ``TrainingStraggler`` fires for the slowed rank and
 ``TrainingCollectiveStalled`` for the hung rank; any other alert firing at any time of the run
 (another alert, or one of these on another rank) is a false alert. After both fired, and
 ``--settle`` more seconds of watching, it reads: head series (``prometheus_tsdb_head_series``),
