@@ -14,7 +14,15 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.remediation.conftest import AUTH, RecordingExecutor, alert, payload, serve, wait_for
+from tests.remediation.conftest import (
+    AUTH,
+    RecordingExecutor,
+    alert,
+    notify,
+    payload,
+    serve,
+    wait_for,
+)
 from trainguard.remediation.settings import Settings
 
 
@@ -45,8 +53,10 @@ def _ack(client: TestClient, directive_id: int, rank: int, outcome: str = "succe
 
 
 def _stall(client: TestClient, job_id: str = "j", fingerprint: str = "fp1") -> None:
-    body = payload(alert("TrainingCollectiveStalled", fingerprint=fingerprint, job_id=job_id))
-    assert client.post("/v1/alertmanager", json=body, headers=AUTH).status_code == 200
+    """Post a stall alert and wait until the service has decided it (its plan is queued)."""
+    notify(
+        client, payload(alert("TrainingCollectiveStalled", fingerprint=fingerprint, job_id=job_id))
+    )
 
 
 def _at(transition: dict[str, Any]) -> datetime:
