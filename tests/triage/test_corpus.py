@@ -50,7 +50,7 @@ def test_corpus_has_enough_real_excerpts(excerpts: list[corpus.Excerpt]) -> None
             category,
             marks=pytest.mark.xfail(
                 strict=True,
-                reason="a known gap: only 5 public logs that name a slow rank have been found "
+                reason="a known gap: only 6 public logs that name a slow rank have been found "
                 "(tests/triage/corpus/straggler/SOURCES.md lists where else was searched)",
             ),
         )

@@ -9,6 +9,7 @@ of these formats are in tests/triage/corpus/.
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 
@@ -264,3 +265,39 @@ def test_greyhound_rank_slow_in_one_of_three_rounds_is_not_a_straggler() -> None
     rounds = [[65.5, 65.7, 65.7, 65.7], [65.5, 515.5, 65.7, 65.7], [65.5, 65.8, 65.7, 65.7]]
     lines = [greyhound_computation(r, ms) for times in rounds for r, ms in enumerate(times)]
     assert scan("\n".join(lines) + "\n") == []
+
+
+def relax_result(fwd_ms: list[float], indent: int | None = 2) -> str:
+    """hongwei-2026/relax-straggler-rfc-assets 7a6df99 evidence/2026-09-29/
+    bench_straggler_4gpu.py: rank 0 prints print(json.dumps(result, indent=2)), result holding
+    "fwd_ms_by_rank": [item["fwd"] for item in gathered] among its other keys."""
+    result = {
+        "world_size": len(fwd_ms),
+        "overhead_pct": 0.8764681471488052,
+        "fwd_ms_by_rank": fwd_ms,
+        "alerts": [],
+        "metrics": {"straggler/dp_grad_sync/max_ms": 28.75, "straggler/dp_grad_sync/max_rank": 0.0},
+        "note": "synthetic matmul loop, not a Relax recipe",
+    }
+    return json.dumps(result, indent=indent)
+
+
+@pytest.mark.parametrize("indent", [2, None])
+def test_relax_forward_totals_name_the_slow_rank(indent: int | None) -> None:
+    log = relax_result([12.758, 12.962, 12.897, 34.013], indent) + "\n"
+    (finding,) = scan(log, name="bench_4gpu.txt")
+    fields = finding.fields
+    assert (fields["rank"], fields["metric"], fields["scope"]) == (3, "relax_fwd", "rank")
+    assert fields["median_seconds"] == pytest.approx(0.034013)
+    assert fields["samples"] == MIN_BENCHMARKS and fields["ranks_compared"] == 4
+
+
+def test_relax_healthy_totals_and_a_cut_list_accuse_no_one() -> None:
+    assert scan(relax_result([56.58, 57.77, 56.19, 57.02]) + "\n") == []
+    # an excerpt cut inside the list (rank 2's value and what follows it replaced by another
+    # line): the list ends there, so rank 3's 34.01 is not taken for a slow rank 2's
+    lines = relax_result([12.76, 12.96, 12.90, 34.01]).splitlines()
+    at = next(i for i, line in enumerate(lines) if "fwd_ms_by_rank" in line) + 3
+    assert lines[at].strip() == "12.9,"
+    log = "\n".join([*lines[:at], "rank 1 step_time=0.5", *lines[at + 1 :]]) + "\n"
+    assert scan(log) == []

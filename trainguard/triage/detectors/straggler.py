@@ -21,7 +21,9 @@ What differs is how the samples are read. Four kinds:
 * a benchmark every rank runs at once before or during training (Greyhound's computation
   check, ``Computation result of rank 1 collected = (Perf: min=515.40, ..., avg=515.49, ...)``):
   each result is already the mean of repeated timed runs of one fixed kernel, the same on every
-  rank, so one round suffices too.
+  rank, so one round suffices too. The Relax straggler prototype's 4-GPU check (a JSON dump with
+  ``"fwd_ms_by_rank": [12.76, 12.96, 12.90, 34.01]``, one rank's forward total per entry) is
+  read the same way.
 
 Timers that contain a collective or a wait (all-reduce, send/recv, sync, ...) are not compared:
 a collective ends when the last rank arrives, so in it the straggler waits least and the ranks
@@ -147,6 +149,24 @@ _GREYHOUND = re.compile(
     rf"\(Perf: min={_FLOAT}, max={_FLOAT}, avg=(?P<avg>{_FLOAT}),"
 )
 
+# 7. The 4-GPU check of the Relax straggler prototype (evidence of the RFC redai-studio/Relax#334;
+#    hongwei-2026/relax-straggler-rfc-assets 7a6df99, evidence/2026-09-29/bench_straggler_4gpu.py):
+#    every rank runs the same matmul loop for 8 steps with its forward-compute timer (CUDA events)
+#    and rank 0 gathers the totals (all_gather_object, so in rank order) and prints
+#    ``print(json.dumps(result, indent=2))`` with ``"fwd_ms_by_rank": [item["fwd"] for item in
+#    gathered]``: the list's n-th value is rank n's total, in ms. indent=2 puts each value on a
+#    line of its own; a compact dump (as the RFC's text quotes it) keeps them on the key's line.
+#    The same loop on every rank makes it a benchmark, one run of which suffices. Its
+#    ``dp_grad_sync`` figures time the all-reduce: not compared. The needle is the key with
+#    json.dumps's default ": " separator and the list's bracket, as both dumps print it: the
+#    longer needle is the cheaper one to search for (13.1 vs 16.1 ms per 64 MB for the key alone).
+_RELAX_KEY = '"fwd_ms_by_rank": ['
+_RELAX_VALUE = re.compile(_FLOAT)
+# A line that goes on with the list: values, commas and at most its closing bracket.
+_RELAX_ROW = re.compile(rf"\s*(?:{_FLOAT}\s*,?\s*)*(?:\]\s*,?\s*)?")
+# Values one list may hold before it is cut off (a rank each).
+_MAX_LIST = 100_000
+
 # Timers holding a collective, a point-to-point transfer or a wait, by the names Megatron
 # (megatron/training/training.py timers_to_log: *-all-reduce, all-grads-sync,
 # params-all-gather, *-send/-recv, and the optimizer steps that all-reduce a flag or a norm:
@@ -207,9 +227,10 @@ class StragglerDetector:
         "elapsed time",
         _TRACEML_KEY,
         _GREYHOUND_KEY,
+        _RELAX_KEY,
     )
     # every keyword holds one of them
-    needles: tuple[str, ...] = ("time", _TRACEML_KEY, _GREYHOUND_KEY)
+    needles: tuple[str, ...] = ("time", _TRACEML_KEY, _GREYHOUND_KEY, _RELAX_KEY)
 
     @classmethod
     def from_thresholds(cls, thresholds: Thresholds) -> StragglerDetector:
@@ -229,9 +250,16 @@ class StragglerDetector:
         self._block_timer: str | None = None
         self._block_lines = 0
         self._block_source = ""  # a block never runs on into the next file
+        # Inside a Relax "fwd_ms_by_rank" list: the rank its next value belongs to (None outside).
+        self._list_rank: int | None = None
+        self._list_source = ""
 
     # --- reading ----------------------------------------------------------------------------
     def feed(self, line: str, where: Location, source: Source) -> bool:
+        if self._list_rank is not None:
+            if self._list_source == source.name and _RELAX_ROW.fullmatch(line):
+                return self._relax_values(line, where)
+            self._list_rank = None  # cut short (a truncated excerpt): read the line below
         if self._block_lines and self._block_source == source.name:
             if self._block_row(line, where):
                 return True
@@ -251,6 +279,10 @@ class StragglerDetector:
         if _GREYHOUND_KEY in line:
             self._greyhound(line, where)
             return False
+        opened = line.find(_RELAX_KEY)
+        if opened != -1:
+            self._list_rank, self._list_source = 0, source.name
+            return self._relax_values(line[opened + len(_RELAX_KEY) :], where)
         self._own_timing(line, where, source)
         return False
 
@@ -306,6 +338,18 @@ class StragglerDetector:
         if match:
             avg_ms = float(match["avg"])
             self._add("greyhound_gemm", int(match["rank"]), avg_ms / 1000.0, where, _BENCHMARK)
+
+    def _relax_values(self, text: str, where: Location) -> bool:
+        """The values of a Relax list in ``text``; True while the list goes on past it."""
+        rank = self._list_rank
+        if rank is None:
+            return False
+        values, closed, _ = text.partition("]")
+        for value in _RELAX_VALUE.findall(values):
+            self._add("relax_fwd", rank, float(value) / 1000.0, where, _BENCHMARK)
+            rank += 1
+        self._list_rank = None if closed or rank >= _MAX_LIST else rank
+        return self._list_rank is not None
 
     def _block_row(self, line: str, where: Location) -> bool:
         """A line inside a Megatron block; False when the line is not part of it."""
