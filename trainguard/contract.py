@@ -308,12 +308,18 @@ WORLD_SIZE = _gauge("world_size", "Ranks in this rank's job as it last formed.")
 RANK_INDEX = _gauge(
     "rank_index", "This process's rank, as a value (the rules compare it with world_size)."
 )
+ELASTIC_RESTARTS = _gauge(
+    "elastic_restarts",
+    "How many times torchrun's elastic agent has restarted this rank's worker group after a "
+    "worker failed (TORCHELASTIC_RESTART_COUNT; 0 outside torchrun). A rise means a rank died.",
+)
 
 RANK_METRICS: tuple[MetricSpec, ...] = (
     STEPS,
     TRAINING_STEP,
     WORLD_SIZE,
     RANK_INDEX,
+    ELASTIC_RESTARTS,
     STEP_DURATION,
     STEP_PHASE_DURATION,
     STEP_COMPUTE_DURATION,
@@ -358,9 +364,9 @@ DETAIL_HISTOGRAMS: tuple[MetricSpec, ...] = (
     STEP_COMPUTE_DURATION,
     SYNC_WAIT_DURATION,
 )
-RANK_SERIES_BUDGET = 80
+RANK_SERIES_BUDGET = 81
 # With the detail on: the bound the same test holds the detailed exposition to.
-RANK_DETAIL_SERIES_BUDGET = 130
+RANK_DETAIL_SERIES_BUDGET = 131
 
 # --- nodes (emitted by trainguard.exporters) ------------------------------------------------
 GPU_LABELS: tuple[str, ...] = (LABEL_GPU, LABEL_UUID, LABEL_MODEL_NAME)
@@ -581,6 +587,7 @@ class Alert(str, enum.Enum):
     TRAINING_NCCL_TIMEOUT = "TrainingNCCLTimeout"
     TRAINING_STALLED = "TrainingStalled"
     TRAINING_RANK_DOWN = "TrainingRankDown"
+    TRAINING_RANK_RESTARTED = "TrainingRankRestarted"
     TRAINING_DATALOADER_BOUND = "TrainingDataLoaderBound"
     TRAINING_MEMORY_FRAGMENTATION = "TrainingMemoryFragmentation"
     GPU_XID_ERROR = "GpuXidError"
@@ -768,9 +775,9 @@ FAILURES: dict[Failure, FailureSpec] = {
         _failure(
             Failure.RANK_FAILURE,
             "A rank's process died or stopped answering (torchrun reports it as failed).",
-            alerts=(Alert.TRAINING_RANK_DOWN,),
-            signals=(RANK_INFO,),
-            actions=(Action.RESTART_FROM_CHECKPOINT,),
+            alerts=(Alert.TRAINING_RANK_DOWN, Alert.TRAINING_RANK_RESTARTED),
+            signals=(RANK_INFO, ELASTIC_RESTARTS),
+            actions=(Action.RESTART_FROM_CHECKPOINT, Action.RECOMMEND),
             triage=_TRIAGE + "elastic:ElasticFailureDetector",
             diagnose=None,
         ),
@@ -908,6 +915,7 @@ ENV_FILE_SD_DIR = "TRAINGUARD_FILE_SD_DIR"
 ENV_DUMP_DIR = "TRAINGUARD_DUMP_DIR"
 ENV_NODE = "TRAINGUARD_NODE"
 ENV_STALL_FLOOR = "TRAINGUARD_STALL_FLOOR_SECONDS"
+ENV_MEMORY_CAPACITY = "TRAINGUARD_MEMORY_CAPACITY_BYTES"
 ENV_REMEDIATION_URL = "TRAINGUARD_REMEDIATION_URL"
 # Opt-in detail on a rank's /metrics (see RANK_SERIES_BUDGET): "1" turns on the bucketed
 # phase / compute / sync-wait histograms (metrics_detail=True), and per-bucket gradient sync

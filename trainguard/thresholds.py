@@ -54,6 +54,7 @@ class Thresholds:
     stalled_for: str
     rank_down_for: str
     rank_absent_window: str
+    rank_restart_window: str
     oom_window: str
     oom_risk_headroom_ratio: float
     oom_risk_predict_headroom_ratio: float

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import torch
 
+from trainguard import contract
 from trainguard.instrumentation import flight_recorder, memory, oom, reducer, server, tracing
-from trainguard.instrumentation.config import Placement, detect_placement
+from trainguard.instrumentation.config import InstrumentationConfig, Placement, detect_placement
 
 # Shaped like torch 2.13's ddp._get_ddp_logging_data() on gloo (values from a real run).
 LOGGING_DATA = {
@@ -155,6 +156,19 @@ def test_gloo_dump_gets_its_process_group_named() -> None:
 )
 def test_cgroup_limits(text: str, limit: int | None) -> None:
     assert memory.parse_cgroup_limit(text) == limit
+
+
+def test_a_cpu_rank_capacity_can_be_set_for_ranks_sharing_a_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cpu = torch.device("cpu")
+    assert memory.MemorySampler(cpu).sample().capacity_bytes == memory.host_memory_limit()
+    assert memory.MemorySampler(cpu, 1 << 30).sample().capacity_bytes == 1 << 30
+    monkeypatch.setenv(contract.ENV_MEMORY_CAPACITY, str(3 << 30))
+    assert InstrumentationConfig().resolved_memory_capacity() == 3 << 30
+    assert InstrumentationConfig(memory_capacity_bytes=5).resolved_memory_capacity() == 5
+    monkeypatch.delenv(contract.ENV_MEMORY_CAPACITY)
+    assert InstrumentationConfig().resolved_memory_capacity() is None
 
 
 def test_fragmentation_is_the_unallocated_share_of_reserved() -> None:

@@ -1,14 +1,17 @@
-"""The fault plan of the demo trainer: which failure, on which rank, when.
+"""The fault plan of the demo trainer: which fault, on which rank, when.
 
 ``straggler:rank=2,at=20s,factor=1.5;hang:rank=1,at=60s;oom:rank=0,at=90s`` injects a slow
-rank, a rank that stops joining collectives and an out-of-memory error. Times count from the
-job's first start (kept in the checkpoint folder, so a restarted job does not replay its
-faults); each fault fires once, and the file that records it also says when and where, which
-is what the drill measures detection and recovery from.
+rank, a rank that stops joining collectives and an out-of-memory error; :class:`FaultKind` is
+the whole catalogue the trainer can inject (the fault matrix, ``benchmarks/fault_matrix.py``,
+draws from it), each with the failure it causes. Times count from the job's first start (kept
+in the checkpoint folder, so a restarted job does not replay its faults); each fault fires
+once, and the file that records it also says when and where, which is what the drill and the
+matrix measure detection and recovery from.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 import time
@@ -20,9 +23,38 @@ from trainguard.contract import Failure
 DEFAULT_PLAN = "straggler:rank=2,at=20s,factor=1.5;hang:rank=1,at=60s;oom:rank=0,at=90s"
 
 
-# A fault is named by the failure it causes; the demo trainer injects these three.
-FaultKind = Failure
-INJECTABLE: tuple[Failure, ...] = (Failure.STRAGGLER, Failure.HANG, Failure.OOM)
+class FaultKind(str, enum.Enum):
+    """What the demo trainer can inject; ``factor`` scales the slowdowns."""
+
+    STRAGGLER = Failure.STRAGGLER.value  # the rank's compute takes factor x as long
+    DATA_SLOW = "data_slow"  # the rank's data loading adds (factor - 1) x a step's compute
+    COMM_SLOW = "comm_slow"  # the rank enters each gradient sync (factor - 1) x compute late
+    HANG = Failure.HANG.value  # the rank stops joining collectives
+    BARRIER_HANG = "barrier_hang"  # the rank stops before the barrier around a checkpoint
+    KILL = "kill"  # the rank's process is killed (SIGKILL)
+    PG_ERROR = "pg_error"  # the rank's process group fails its next gradient sync
+    OOM = Failure.OOM.value  # a whole batch no longer fits on the rank
+    MEMORY_CREEP = "memory_creep"  # the rank's memory grows towards its capacity
+    DATA_STALL = "data_stall"  # the rank's data loader blocks
+
+    @property
+    def failure(self) -> Failure:
+        """The failure the fault causes: what detection and diagnosis should name."""
+        return CAUSES[self]
+
+
+CAUSES: dict[FaultKind, Failure] = {
+    FaultKind.STRAGGLER: Failure.STRAGGLER,
+    FaultKind.DATA_SLOW: Failure.STRAGGLER,
+    FaultKind.COMM_SLOW: Failure.STRAGGLER,
+    FaultKind.HANG: Failure.HANG,
+    FaultKind.BARRIER_HANG: Failure.HANG,
+    FaultKind.KILL: Failure.RANK_FAILURE,
+    FaultKind.PG_ERROR: Failure.RANK_FAILURE,
+    FaultKind.OOM: Failure.OOM,
+    FaultKind.MEMORY_CREEP: Failure.OOM,
+    FaultKind.DATA_STALL: Failure.HANG,
+}
 
 
 @dataclass(frozen=True)
@@ -53,9 +85,9 @@ def parse_plan(text: str) -> list[Fault]:
     faults = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
         kind_text, _, options = part.partition(":")
-        kind = next((k for k in INJECTABLE if k.value == kind_text.strip()), None)
+        kind = next((k for k in FaultKind if k.value == kind_text.strip()), None)
         if kind is None:
-            known = ", ".join(k.value for k in INJECTABLE)
+            known = ", ".join(k.value for k in FaultKind)
             raise FaultPlanError(f"unknown fault {kind_text!r} in {part!r} (known: {known})")
         values: dict[str, str] = {}
         for option in filter(None, (o.strip() for o in options.split(","))):

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from trainguard import contract
-from trainguard.demo.config import DEMO_JOB_ID, NODES, DemoConfig
+from trainguard.demo.config import DEMO_JOB_ID, DemoConfig
 from trainguard.demo.faults import FaultKind, FaultLedger
 from trainguard.demo.stack import SIMULATED_GPUS, Stack, ensure_binaries
 
@@ -183,12 +183,12 @@ def fetch_actions(cfg: DemoConfig) -> list[dict[str, Any]]:
     return actions
 
 
-def fetch_incidents(cfg: DemoConfig) -> list[dict[str, Any]]:
-    """The service's incidents of the demo's job (its verdict on each repair)."""
+def fetch_incidents(cfg: DemoConfig, job_id: str = DEMO_JOB_ID) -> list[dict[str, Any]]:
+    """The service's incidents of the demo's job, or ``job_id`` (its verdict on each repair)."""
     token = cfg.token_file.read_text().strip()
     response = httpx.get(
         f"{cfg.url('remediation')}/v1/incidents",
-        params={"job_id": DEMO_JOB_ID, "limit": 100},
+        params={"job_id": job_id, "limit": 100},
         headers={"Authorization": f"Bearer {token}"},
         timeout=5,
     )
@@ -326,9 +326,9 @@ def run_demo(
     ensure_binaries()
     with Stack(cfg) as stack:
         stack.start_services()
-        _wait_ready(cfg)
+        wait_ready(cfg)
         print_urls(cfg, stack.gpus)
-        stack.start_training()
+        agents = stack.start_training()
         view = LiveView(cfg)
         deadline = time.monotonic() + timeout_s
         finished = False
@@ -339,7 +339,7 @@ def run_demo(
             if failed:
                 raise RuntimeError(f"{', '.join(failed)} stopped; see {cfg.logs}")
             finish = [e for e in read_events(cfg) if e.get("event") == "finish"]
-            if finish and not any(stack.alive(f"agent-{node}") for node in NODES):
+            if finish and not any(stack.alive(agent) for agent in agents):
                 finished = True
                 break
         time.sleep(2)  # let the last scrape and evaluation land
@@ -387,7 +387,7 @@ def wait_for_verdicts(
         view.show()
 
 
-def _wait_ready(cfg: DemoConfig, timeout_s: float = 60.0) -> None:
+def wait_ready(cfg: DemoConfig, timeout_s: float = 60.0) -> None:
     checks = {
         "remediation": f"{cfg.url('remediation')}/readyz",
         "prometheus": f"{cfg.url('prometheus')}/-/ready",

@@ -19,6 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ DEMO_THRESHOLDS: dict[str, Any] = {
     "stalled_for": "10s",
     "rank_down_for": "10s",
     "rank_absent_window": "2m",
+    "rank_restart_window": "1m",
     # An OOM alert stays firing for this long after the OOM; the service verifies the repair only
     # once it resolves, so a short window lets the demo's last fault be verified in time.
     "oom_window": "30s",
@@ -64,9 +67,10 @@ def _dump(path: Path, data: Any) -> Path:
     return path
 
 
-def demo_policy(cfg: DemoConfig) -> dict[str, Any]:
-    """Remediation for the demo's job only: other jobs' alerts match no rule."""
-    only_demo = [f'{contract.LABEL_JOB_ID}="{DEMO_JOB_ID}"']
+def demo_policy(cfg: DemoConfig, jobs: str | None = None) -> dict[str, Any]:
+    """Remediation for the demo's job only (or the jobs the ``jobs`` matcher selects, e.g.
+    ``job_id=~"fm-.+"``): other jobs' alerts match no rule."""
+    only_demo = [jobs or f'{contract.LABEL_JOB_ID}="{DEMO_JOB_ID}"']
     # Written with yaml.safe_dump, which takes plain strings: the actions' values.
     restart = [
         {"action": contract.Action.DUMP_DIAGNOSTICS.value},
@@ -122,11 +126,17 @@ def demo_policy(cfg: DemoConfig) -> dict[str, Any]:
     return {"version": 1, "rules": rules}
 
 
-def write_configs(cfg: DemoConfig) -> dict[str, Path]:
-    """Render every configuration file the stack needs into the work folder."""
+def write_configs(
+    cfg: DemoConfig,
+    thresholds_override: Mapping[str, Any] | None = None,
+    policy: Mapping[str, Any] | None = None,
+) -> dict[str, Path]:
+    """Render every configuration file the stack needs into the work folder: the demo's
+    thresholds (and ``thresholds_override`` over them) and policy (or ``policy``)."""
     conf = cfg.workdir / "config"
     thresholds = yaml.safe_load((REPO_ALERTS / "thresholds.yml").read_text())
     thresholds.update(DEMO_THRESHOLDS)
+    thresholds.update(thresholds_override or {})
     rules_path = conf / "trainguard.rules.yml"
     rules_path.parent.mkdir(parents=True, exist_ok=True)
     rules_path.write_text(alert_rules.render(Thresholds.from_mapping(thresholds)))
@@ -202,7 +212,7 @@ def write_configs(cfg: DemoConfig) -> dict[str, Path]:
         "rules": rules_path,
         "prometheus": _dump(conf / "prometheus.yml", prometheus),
         "alertmanager": _dump(conf / "alertmanager.yml", alertmanager),
-        "policy": _dump(conf / "remediation-policy.yml", demo_policy(cfg)),
+        "policy": _dump(conf / "remediation-policy.yml", policy or demo_policy(cfg)),
     }
 
 
@@ -250,6 +260,26 @@ def exporter_gpu_args(gpus: int) -> list[str]:
     return [] if gpus > 0 else ["--simulate-gpus", str(SIMULATED_GPUS)]
 
 
+@dataclass(frozen=True)
+class TrainingJob:
+    """One job of the demo trainer: two torchrun agents ("nodes") on this host."""
+
+    job_id: str
+    checkpoint_dir: Path
+    faults: str
+    steps: int
+    step_seconds: float
+    rendezvous_port: int  # the store's (start_services starts it)
+    metrics_port: int  # node-a's ranks serve from here, node-b's from here + 10
+    trainer_args: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    spans_dir: Path | None = None
+    max_restarts: int = 5
+
+    def process_name(self, node: str) -> str:
+        return f"agent-{node}" if self.job_id == DEMO_JOB_ID else f"agent-{self.job_id}-{node}"
+
+
 class Stack:
     """Starts and stops the demo's processes; a context manager that always cleans up."""
 
@@ -278,9 +308,15 @@ class Stack:
         )
         log.close()
 
-    def start_services(self) -> None:
+    def start_services(
+        self,
+        thresholds_override: Mapping[str, Any] | None = None,
+        policy: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Remediation service, exporter, Prometheus and Alertmanager (see :func:`write_configs`
+        for the two arguments)."""
         cfg = self.cfg
-        self.paths = write_configs(cfg)
+        self.paths = write_configs(cfg, thresholds_override, policy)
         self.gpus = local_gpu_count()
         trainguard = [sys.executable, "-m", "trainguard"]
         self._start(
@@ -314,6 +350,17 @@ class Stack:
                 "TRAINGUARD_REMEDIATION_VERIFY_PROGRESS_SECONDS": "10",
             },
         )  # fmt: skip
+        # The jobs' rendezvous store, apart from every agent (see trainguard.demo.rendezvous).
+        self._start(
+            "rendezvous",
+            [
+                sys.executable,
+                "-m",
+                "trainguard.demo.rendezvous",
+                "--port",
+                str(cfg.ports.rendezvous),
+            ],
+        )
         self._start(
             "exporter",
             [
@@ -344,10 +391,10 @@ class Stack:
             ],
         )
 
-    def training_env(self, node: str) -> dict[str, str]:
+    def training_env(self, job: TrainingJob, node: str) -> dict[str, str]:
         cfg = self.cfg
         return {
-            contract.ENV_JOB_ID: DEMO_JOB_ID,
+            contract.ENV_JOB_ID: job.job_id,
             contract.ENV_NODE: node,
             # The demo's agents are torchrun on this host, even where this host is a pod or a
             # Slurm allocation that detection would name; the local executor acts on them.
@@ -355,7 +402,7 @@ class Stack:
             contract.ENV_FILE_SD_DIR: str(cfg.file_sd),
             contract.ENV_DUMP_DIR: str(cfg.dumps),
             contract.ENV_LOG_DIR: str(cfg.logs / "training"),
-            contract.ENV_METRICS_PORT: str(cfg.ports.metrics + (0 if node == NODES[0] else 10)),
+            contract.ENV_METRICS_PORT: str(job.metrics_port + (0 if node == NODES[0] else 10)),
             contract.ENV_METRICS_ADDR: "127.0.0.1",
             contract.ENV_STALL_FLOOR: str(HOOK_STALL_FLOOR_SECONDS),
             contract.ENV_REMEDIATION_URL: cfg.url("remediation"),
@@ -365,34 +412,54 @@ class Stack:
             # torch 2.13's shared rendezvous store cannot re-admit nodes (see README).
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
             "PYTHONUNBUFFERED": "1",
+            **job.env,
         }
 
-    def start_training(self) -> None:
-        """Two torchrun agents on this host, one per "node", c10d rendezvous, --nnodes 1:2."""
+    def demo_job(self) -> TrainingJob:
         cfg = self.cfg
-        for index, node in enumerate(NODES):
+        return TrainingJob(
+            job_id=DEMO_JOB_ID,
+            checkpoint_dir=cfg.checkpoint_dir,
+            faults=cfg.faults,
+            steps=cfg.steps,
+            step_seconds=cfg.step_seconds,
+            rendezvous_port=cfg.ports.rendezvous,
+            metrics_port=cfg.ports.metrics,
+            spans_dir=cfg.spans_dir if cfg.spans else None,
+        )
+
+    def start_training(self, job: TrainingJob | None = None) -> list[str]:
+        """Two torchrun agents on this host, one per "node", c10d rendezvous, --nnodes 1:2;
+        the demo's job unless ``job`` says otherwise. Returns the agents' process names."""
+        job = job or self.demo_job()
+        names = []
+        for node in NODES:
             command = [
                 sys.executable, "-m", "torch.distributed.run",
-                "--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "5",
+                "--nnodes", "1:2", "--nproc-per-node", "2",
+                "--max-restarts", str(job.max_restarts),
                 "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{cfg.ports.rendezvous}",
-                "--rdzv-id", DEMO_JOB_ID,
+                "--rdzv-endpoint", f"127.0.0.1:{job.rendezvous_port}",
+                "--rdzv-id", job.job_id,
+                # The store runs on its own (start_services), so any node can be excluded.
                 "--rdzv-conf", ",".join((
-                    "last_call_timeout=3", "join_timeout=120", f"is_host={int(index == 0)}",
+                    "last_call_timeout=3", "join_timeout=120", "is_host=0",
                     "keep_alive_interval=1", "keep_alive_max_attempt=5",
                 )),
                 "--monitor-interval", "0.5",
                 "-m", "trainguard.demo.train",
-                "--steps", str(cfg.steps),
-                "--step-seconds", str(cfg.step_seconds),
-                "--checkpoint-dir", str(cfg.checkpoint_dir),
-                "--faults", cfg.faults,
+                "--steps", str(job.steps),
+                "--step-seconds", str(job.step_seconds),
+                "--checkpoint-dir", str(job.checkpoint_dir),
+                "--faults", job.faults,
+                *job.trainer_args,
             ]  # fmt: skip
-            if cfg.spans:
-                command += ["--spans-dir", str(cfg.spans_dir)]
-            self._start(f"agent-{node}", command, self.training_env(node))
-            if index == 0:
-                time.sleep(1.0)  # node-a hosts the rendezvous store
+            if job.spans_dir is not None:
+                command += ["--spans-dir", str(job.spans_dir)]
+            name = job.process_name(node)
+            self._start(name, command, self.training_env(job, node))
+            names.append(name)
+        return names
 
     def alive(self, name: str) -> bool:
         process = self.processes.get(name)
@@ -402,23 +469,26 @@ class Stack:
         """Services (not training agents, which may legitimately exit) that died."""
         return [
             name
-            for name, process in self.processes.items()
+            for name, process in list(self.processes.items())
             if not name.startswith("agent-") and process.poll() is not None
         ]
 
-    def stop(self, grace_seconds: float = 10.0) -> None:
-        """Terminate every process group we started; kill what has not exited in time."""
-        for process in self.processes.values():
+    def stop(self, grace_seconds: float = 10.0, names: Sequence[str] | None = None) -> None:
+        """Terminate every process group we started (or those of ``names``); kill what has
+        not exited in time."""
+        # A copy: other threads may start processes meanwhile (the fault matrix runs jobs at once).
+        chosen = [p for n, p in list(self.processes.items()) if names is None or n in names]
+        for process in chosen:
             if process.poll() is None:
                 _signal_group(process, signal.SIGTERM)
         deadline = time.monotonic() + grace_seconds
-        for process in self.processes.values():
+        for process in chosen:
             try:
                 process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _signal_group(process, signal.SIGKILL)
                 process.wait(5)
-        for process in self.processes.values():
+        for process in chosen:
             # Children that outlived their leader (torchrun workers) share its group.
             _signal_group(process, signal.SIGKILL)
 

@@ -64,5 +64,33 @@ def _rank_down(t: Thresholds) -> AlertRule:
     )
 
 
+def _rank_restarted(t: Thresholds) -> AlertRule:
+    """The ranks whose elastic agent restarted them within ``rank_restart_window``: a rank of
+    the job died and torchrun brought the worker group back (``TrainingRankDown`` cannot see
+    it: every rank restarts, none stays down while the others run). A job that re-formed
+    smaller in the window (an excluded node: the survivors restart without it) is left to the
+    membership rules.
+    """
+    restarts, world = contract.ELASTIC_RESTARTS.name, contract.WORLD_SIZE.name
+    window = t.rank_restart_window
+    rose = (
+        f"max by ({RANK}) (\n  max_over_time({restarts}[{window}])"
+        f" - min_over_time({restarts}[{window}])\n) > 0"
+    )
+    shrank = f"max by ({J}) (max_over_time({world}[{window}]))\n> max by ({J}) ({world})"
+    return AlertRule(
+        alert=Alert.TRAINING_RANK_RESTARTED,
+        severity=Severity.WARNING,
+        # Cover: the jobs whose ranks report the gauge (the condition needs it).
+        expr=on_scheduler_of_job(f"{rose}\nunless on ({J}) (\n{shrank}\n)", restarts),
+        summary="Rank {{ $labels.rank }} of job {{ $labels.job_id }} was restarted",
+        description=f"torchrun's elastic agent restarted {WHO} within the last {window} "
+        "(TORCHELASTIC_RESTART_COUNT rose): a rank of the job died, every rank of its worker "
+        "group was restarted and the job resumed from its last checkpoint. The agents' logs "
+        "name the worker that failed first (`trainguard triage` on them, `trainguard diagnose "
+        "--logs` with them).",
+    )
+
+
 def rules(t: Thresholds) -> list[AlertRule]:
-    return [_rank_down(t)]
+    return [_rank_down(t), _rank_restarted(t)]

@@ -202,6 +202,10 @@ class InstrumentationConfig:
             ``TRAINGUARD_REMEDIATION_TOKEN``.
         discovery_ttl_seconds: how long the registration outlives this rank's last renewal
             (renewed every third of it); default ``TRAINGUARD_DISCOVERY_TTL_SECONDS`` or 60.
+        memory_capacity_bytes: the memory a CPU rank may use, where no cgroup limit says it
+            (ranks sharing a host each get a share of it); default
+            ``TRAINGUARD_MEMORY_CAPACITY_BYTES``, else the cgroup limit, else the host's memory.
+            A GPU's capacity is always the device's.
     """
 
     job_id: str | None = None
@@ -228,6 +232,7 @@ class InstrumentationConfig:
     scheduler: str | None = None
     discovery_url: str | None = None
     discovery_ttl_seconds: float | None = None
+    memory_capacity_bytes: int | None = None
 
     def resolve_identity(
         self,
@@ -316,6 +321,13 @@ class InstrumentationConfig:
         if self.stall_floor_seconds is not None:
             return self.stall_floor_seconds
         return float(os.environ.get(contract.ENV_STALL_FLOOR, DEFAULT_STALL_FLOOR_SECONDS))
+
+    def resolved_memory_capacity(self) -> int | None:
+        """The CPU memory capacity set here or in the environment; None to read the host's."""
+        if self.memory_capacity_bytes is not None:
+            return self.memory_capacity_bytes
+        text = os.environ.get(contract.ENV_MEMORY_CAPACITY)
+        return int(text) if text else None
 
     def resolved_remediation_url(self) -> str | None:
         return self.remediation_url or os.environ.get(contract.ENV_REMEDIATION_URL) or None

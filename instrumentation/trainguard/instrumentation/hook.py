@@ -478,7 +478,7 @@ class Instrumentation:
                 self._exporter_logs.attach()
         memory = None
         with self.errors.guard("memory"):
-            memory = MemorySampler(self.device)
+            memory = MemorySampler(self.device, self.config.resolved_memory_capacity())
         self._worker = StepWorker(
             identity=self.identity,
             metrics=self.metrics,
@@ -559,6 +559,7 @@ class Instrumentation:
         reports the checkpoint's step until its first step here ends."""
         self.metrics.world_size.set(self.identity.world_size)
         self.metrics.rank_index.set(self.identity.rank)
+        self.metrics.elastic_restarts.set(int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0))
         self.metrics.training_step.set(self.clock.step)
 
     def _on_timers_lost(self) -> None:

@@ -67,16 +67,18 @@ def host_memory_limit() -> int:
 
 
 class MemorySampler:
-    """Reads the memory of ``device``; create once, call :meth:`sample` per step."""
+    """Reads the memory of ``device``; create once, call :meth:`sample` per step.
 
-    def __init__(self, device: torch.device) -> None:
+    ``cpu_capacity_bytes`` replaces the host's limit as a CPU rank's capacity.
+    """
+
+    def __init__(self, device: torch.device, cpu_capacity_bytes: int | None = None) -> None:
         self.device = device
         self._process = psutil.Process()
-        self._capacity = (
-            int(torch.cuda.get_device_properties(device).total_memory)
-            if device.type == "cuda"
-            else host_memory_limit()
-        )
+        if device.type == "cuda":
+            self._capacity = int(torch.cuda.get_device_properties(device).total_memory)
+        else:
+            self._capacity = cpu_capacity_bytes or host_memory_limit()
 
     def sample(self) -> MemorySample:
         if self.device.type == "cuda":

@@ -118,6 +118,7 @@ class RankMetrics:
         self.training_step = gauge(contract.TRAINING_STEP).labels(**identity)
         self.world_size = gauge(contract.WORLD_SIZE).labels(**identity)
         self.rank_index = gauge(contract.RANK_INDEX).labels(**identity)
+        self.elastic_restarts = gauge(contract.ELASTIC_RESTARTS).labels(**identity)
         self.grad_sync_duration = histogram(contract.GRAD_SYNC_DURATION, COLLECTIVE_BUCKETS).labels(
             **identity
         )
