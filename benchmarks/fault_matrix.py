@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import socket
@@ -46,6 +47,7 @@ from trainguard.demo.stack import (
     Stack,
     TrainingJob,
     demo_policy,
+    demo_thresholds,
     ensure_binaries,
 )
 
@@ -212,6 +214,7 @@ class RunResult:
     false_alerts: list[str] = field(default_factory=list)
     cause: str | None = None
     cause_rank: int | None = None
+    diagnosis: list[str] = field(default_factory=list)  # its symptoms, most severe first
     root_cause_right: bool = False
     action: str | None = None
     outcome: str | None = None
@@ -407,7 +410,12 @@ class Matrix:
                 sustain_seconds=10.0,
                 min_step_seconds=2.0,
                 incidents=incidents,
+                thresholds=demo_thresholds(THRESHOLDS),
             )
+            result.diagnosis = [
+                f"{x.failure.value} (severity {x.severity}, ranks {x.ranks}): {x.summary}"
+                for x in report.symptoms
+            ]
             if report.failure is not None:
                 result.cause = report.failure.value
                 ranks = report.scope.ranks or report.symptoms[0].ranks
@@ -568,6 +576,9 @@ def table(rows: list[KindRow], totals: dict[str, Any]) -> str:
         + ("" if per_hour is None else f", {per_hour:.2f} per healthy hour")
         + f"; runs that broke: {totals['errors']}.",
     ]
+    if "minutes" in totals:
+        low, high = totals["load_average"]
+        lines[-1] += f" {totals['minutes']} min, load average {low:.1f}-{high:.1f}."
     return "\n".join(lines) + "\n"
 
 
@@ -601,7 +612,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="each fault kind once, one healthy")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each fault kind")
     parser.add_argument("--healthy", type=int, help="healthy runs (default: the faulty count)")
-    parser.add_argument("--parallel", type=int, default=3, help="jobs at a time")
+    parser.add_argument("--parallel", type=int, default=4, help="jobs at a time")
     parser.add_argument("--seed", type=int, default=20261205)
     parser.add_argument("--only", help="comma-separated fault kinds (and/or healthy)")
     parser.add_argument("--out", type=Path, default=Path("build/fault-matrix"))
@@ -623,6 +634,7 @@ def run_matrix(args: argparse.Namespace) -> tuple[list[RunResult], dict[str, Any
     shutil.rmtree(out / "work", ignore_errors=True)
     cfg = DemoConfig(workdir=out / "work", ports=_free_ports(), spans=False)
     results: list[RunResult] = []
+    loads: list[float] = []  # the 1-minute load average as each run ended (a shared machine)
     started = time.time()
     with Stack(cfg) as stack:
         stack.start_services(THRESHOLDS, matrix_policy(cfg))
@@ -632,6 +644,7 @@ def run_matrix(args: argparse.Namespace) -> tuple[list[RunResult], dict[str, Any
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
             for result in pool.map(matrix.run, plans):
                 results.append(result)
+                loads.append(os.getloadavg()[0])
                 _progress(result, len(results), len(plans), started)
     rows, totals = summarize(results)
     (out / "runs.json").write_text(
@@ -642,7 +655,7 @@ def run_matrix(args: argparse.Namespace) -> tuple[list[RunResult], dict[str, Any
     text = table(rows, totals)
     (out / "table.md").write_text(text)
     plot(results, out / "detect.png")
-    print(text)
+    print(text, flush=True)
     return results, totals
 
 

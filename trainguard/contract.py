@@ -779,7 +779,7 @@ FAILURES: dict[Failure, FailureSpec] = {
             signals=(RANK_INFO, ELASTIC_RESTARTS),
             actions=(Action.RESTART_FROM_CHECKPOINT, Action.RECOMMEND),
             triage=_TRIAGE + "elastic:ElasticFailureDetector",
-            diagnose=None,
+            diagnose=_DIAGNOSE + "rank_failure:analyse",
         ),
         _failure(
             Failure.GPU_FAULT,

@@ -94,6 +94,10 @@ class Job:
     memory: Callable[[Rank, int], tuple[float, float, float]] | None = None
     oom_at: dict[int, int] = field(default_factory=dict)
     alloc_retries_from: dict[int, int] = field(default_factory=dict)
+    # The worker group's restart count at point i (None: a hook too old to export it).
+    restarts: Callable[[int], float] | None = None
+    # The job's world size at point i, as its ranks report it (None: not exported).
+    world_size: Callable[[int], float] | None = None
 
 
 def histogram(
@@ -195,6 +199,10 @@ def simulate(job: Job, s: Samples, t0: float) -> None:
             counter(s, c.OOM_EVENTS, labels, t, oom)
             since = job.alloc_retries_from.get(key)
             counter(s, c.MEMORY_ALLOC_RETRIES, labels, t, max(0, i - since) if since else 0)
+            if job.restarts is not None:
+                gauge(s, c.ELASTIC_RESTARTS, labels, t, job.restarts(i))
+            if job.world_size is not None:
+                gauge(s, c.WORLD_SIZE, labels, t, job.world_size(i))
 
 
 def gpus(
@@ -291,6 +299,24 @@ def growing(rank_grows: int) -> Callable[[Rank, int], tuple[float, float, float]
     return memory
 
 
+def creeping(ranks: set[int], from_point: int) -> Callable[[Rank, int], tuple[float, float, float]]:
+    """Allocated on ``ranks`` climbs from 30 GiB at ``from_point`` to 74 of 80 GiB at the last
+    point (reserved 2 GiB above it): below 25% free from about point 193, no OOM in the
+    window; other ranks stay at 30."""
+
+    def memory(rank: Rank, i: int) -> tuple[float, float, float]:
+        grown = 44 * max(0, i - from_point) / (POINTS - 1 - from_point)
+        allocated = 30 + (grown if rank.rank in ranks else 0.0)
+        return allocated * GIB, (allocated + 2) * GIB, 80 * GIB
+
+    return memory
+
+
+def restarted_at(point: int) -> Callable[[int], float]:
+    """torchrun restarted the worker group once, at ``point``."""
+    return lambda i: 1.0 if i >= point else 0.0
+
+
 # The jobs of the synthetic history (job id -> what is injected).
 STRAGGLER_RANK = "strag-rank"  # rank 5 forward 2.2x from minute 20
 STRAGGLER_NODE = "strag-node"  # every rank of node sn-b backward 1.5x; no GPU fault
@@ -306,7 +332,19 @@ OOM_NO_FIT = "oom-no-fit"  # allocated 74 of 80 GiB from the start; rank 1 then 
 OOM_UNEXPLAINED = "oom-unexplained"  # OOM at 40 of 80 GiB, no fragmentation or growth
 ECC = "ecc"  # 2 uncorrectable ECC errors on GPU 0 of node ec-b; corrected ones on ec-a
 HEALTHY = "healthy"
+MEMORY_CREEP = "mem-creep"  # rank 2's allocated memory creeps toward capacity; no OOM yet
+OOM_AND_RISK = "oom-and-risk"  # rank 1 grows until it OOMs; rank 3 creeps, no OOM yet
+# Rank 2 dies (the logs in tests/diagnose/logs/<job>/ say how) and torchrun restarts the worker
+# group at point RESTART_AT: SIGKILL, or an error in its process group.
+RANK_KILL = "rank-kill"
+RANK_PG_ERROR = "rank-pgerr"
+# The same death as RANK_PG_ERROR from a hook that exports no restart count.
+RANK_OLD_HOOK = "rank-old-hook"
+# Rank 2 of 4 (node ex-b) is a straggler; node ex-b is excluded at RESTART_AT and node ex-a's
+# ranks restart and re-form the job at world size 2.
+EXCLUDED = "excluded"
 JOB_SLOW_FROM = 120
+RESTART_AT = 180
 
 
 def history(t0: float) -> str:
@@ -344,7 +382,36 @@ def history(t0: float) -> str:
     )
     gpus(s, t0, ["xi-a", "xi-b"], 4, xid=("xi-b", 2, 79, 150))
     simulate(Job(HANG, layout("hg", 1, 3), hang_from=200, laggard=2, grad_sync_tail=True), s, t0)
-    simulate(Job(HEALTHY, layout("ok", 1, 2)), s, t0)
+    simulate(Job(HEALTHY, layout("ok", 1, 2), restarts=lambda i: 0.0), s, t0)
+    simulate(Job(MEMORY_CREEP, layout("mc", 2, 2), memory=creeping({2}, 120)), s, t0)
+    grow_then_oom = growing(1)
+    creep = creeping({3}, 120)
+    simulate(
+        Job(
+            OOM_AND_RISK,
+            layout("or", 1, 4),
+            memory=lambda r, i: grow_then_oom(r, i) if r.rank == 1 else creep(r, i),
+            oom_at={1: 200},
+            alive_until=lambda r: 200 if r.rank == 1 else POINTS,
+        ),
+        s,
+        t0,
+    )
+    for job_id in (RANK_KILL, RANK_PG_ERROR):
+        simulate(Job(job_id, layout(job_id, 2, 2), restarts=restarted_at(RESTART_AT)), s, t0)
+    simulate(Job(RANK_OLD_HOOK, layout("oh", 2, 2)), s, t0)
+    simulate(
+        Job(
+            EXCLUDED,
+            layout("ex", 2, 2),
+            slow(2.0, "forward", {2}, 80),
+            alive_until=lambda r: RESTART_AT - 1 if r.rank >= 2 else POINTS,
+            restarts=restarted_at(RESTART_AT),
+            world_size=lambda i: 4.0 if i < RESTART_AT else 2.0,
+        ),
+        s,
+        t0,
+    )
     simulate(Job(DATA_BOUND, layout("db", 2, 1), scaled(30.0, "data")), s, t0)
     simulate(Job(JOB_SLOW, layout("js", 2, 1), scaled(2.0, "backward", JOB_SLOW_FROM)), s, t0)
     simulate(

@@ -23,7 +23,7 @@ import httpx
 from trainguard import contract
 from trainguard.demo.config import DEMO_JOB_ID, DemoConfig
 from trainguard.demo.faults import FaultKind, FaultLedger
-from trainguard.demo.stack import SIMULATED_GPUS, Stack, ensure_binaries
+from trainguard.demo.stack import SIMULATED_GPUS, Stack, demo_thresholds, ensure_binaries
 
 # What each fault should set off: the alert, then the action that repairs it.
 EXPECTED: dict[FaultKind, tuple[contract.Alert, contract.Action]] = {
@@ -426,6 +426,7 @@ def write_incident_report(cfg: DemoConfig, result: DemoResult) -> Path | None:
             # The demo's faults last seconds, not the minutes a real job's alerts wait for.
             sustain_seconds=10.0,
             min_step_seconds=2.0,  # the demo's scrape interval
+            thresholds=demo_thresholds(),
         )
     except (PrometheusError, NoDataError) as error:
         print(f"no incident report: {error}", flush=True)

@@ -126,6 +126,15 @@ def demo_policy(cfg: DemoConfig, jobs: str | None = None) -> dict[str, Any]:
     return {"version": 1, "rules": rules}
 
 
+def demo_thresholds(override: Mapping[str, Any] | None = None) -> Thresholds:
+    """The shipped thresholds with the demo's (and ``override``) over them: what its rules are
+    rendered from, and what ``trainguard diagnose`` judges its runs by."""
+    thresholds = yaml.safe_load((REPO_ALERTS / "thresholds.yml").read_text())
+    thresholds.update(DEMO_THRESHOLDS)
+    thresholds.update(override or {})
+    return Thresholds.from_mapping(thresholds)
+
+
 def write_configs(
     cfg: DemoConfig,
     thresholds_override: Mapping[str, Any] | None = None,
@@ -134,12 +143,9 @@ def write_configs(
     """Render every configuration file the stack needs into the work folder: the demo's
     thresholds (and ``thresholds_override`` over them) and policy (or ``policy``)."""
     conf = cfg.workdir / "config"
-    thresholds = yaml.safe_load((REPO_ALERTS / "thresholds.yml").read_text())
-    thresholds.update(DEMO_THRESHOLDS)
-    thresholds.update(thresholds_override or {})
     rules_path = conf / "trainguard.rules.yml"
     rules_path.parent.mkdir(parents=True, exist_ok=True)
-    rules_path.write_text(alert_rules.render(Thresholds.from_mapping(thresholds)))
+    rules_path.write_text(alert_rules.render(demo_thresholds(thresholds_override)))
     cfg.token_file.parent.mkdir(parents=True, exist_ok=True)
     if not cfg.token_file.exists():
         cfg.token_file.write_text(secrets.token_urlsafe(32))

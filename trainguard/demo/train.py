@@ -164,6 +164,21 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"the demo trainer does not do {directive.kind.value!r}")
         checkpoint_requested.set()
 
+    logs = None
+    log_dir = os.environ.get(contract.ENV_LOG_DIR)
+    if log_dir:
+        # ECS JSON lines (with the hook's events, trace ids) for Filebeat -> Elasticsearch, set
+        # up before instrument() so its first event (this process's pid and rank: what
+        # `trainguard diagnose` joins torchrun's failure lines with) is in the file.
+        from trainguard.logs import configure_logging
+
+        logs = configure_logging(
+            service_name="trainguard-demo-trainer",
+            job_id=contract.job_id_from_environment(os.environ) or None,
+            rank=rank,
+            node=node,
+            file=Path(log_dir) / f"rank{rank}.ndjson",
+        )
     span_exporter = None
     if args.spans_dir is not None:
         args.spans_dir.mkdir(parents=True, exist_ok=True)
@@ -179,19 +194,6 @@ def main(argv: list[str] | None = None) -> int:
         span_exporter=span_exporter,
         on_directive=on_directive,
     )
-    logs = None
-    log_dir = os.environ.get(contract.ENV_LOG_DIR)
-    if log_dir:
-        # ECS JSON lines (with the hook's events, trace ids) for Filebeat -> Elasticsearch.
-        from trainguard.logs import configure_logging
-
-        logs = configure_logging(
-            service_name="trainguard-demo-trainer",
-            job_id=handle.identity.job_id,
-            rank=rank,
-            node=node,
-            file=Path(log_dir) / f"rank{rank}.ndjson",
-        )
     events.write("start", world=world, node=node, restart=restart, resumed_from=step)
     data = handle.wrap_dataloader(sabotage.batches(step, rank))
     while step < args.steps:

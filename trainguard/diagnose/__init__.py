@@ -21,6 +21,7 @@ from trainguard.diagnose.model import Candidate, Chart, Report, Scope, ScopeLeve
 from trainguard.diagnose.prometheus import PrometheusClient, PrometheusError
 from trainguard.diagnose.signals import NoDataError
 from trainguard.diagnose.validate import IncidentsError
+from trainguard.thresholds import Thresholds
 
 __all__ = [
     "Candidate",
@@ -52,6 +53,7 @@ def diagnose(
     incidents: Sequence[Any] | None = None,
     incidents_source: str = "the caller",
     incidents_gap: str | None = None,
+    thresholds: Thresholds | None = None,
 ) -> Report:
     """Diagnose ``job_id`` over ``[until - since_seconds, until]`` (``until`` defaults to now).
 
@@ -62,7 +64,8 @@ def diagnose(
     ``incidents`` are the remediation service's IncidentView documents of the job (from
     ``incidents_source``), which the Validate section reports; ``incidents_gap`` says why they
     could not be read, and the report names that gap instead. Malformed documents and other
-    jobs' are left out with a note.
+    jobs' are left out with a note. ``thresholds`` are those the rules were rendered from
+    (default: the shipped ``thresholds.yml``), so the diagnosis judges as the alerts did.
 
     Raises PrometheusError when Prometheus cannot be queried and NoDataError when it holds
     nothing about the job in the window.
@@ -71,7 +74,7 @@ def diagnose(
     from trainguard.diagnose.evidence import read_dumps, read_logs
     from trainguard.diagnose.prevent import plan
     from trainguard.diagnose.signals import collect
-    from trainguard.diagnose.validate import validate
+    from trainguard.diagnose.validate import repairs, validate
 
     end = time.time() if until is None else until
     start = end - since_seconds
@@ -103,7 +106,7 @@ def diagnose(
             report.inputs.append(
                 f"Flight Recorder: {len(stall_dumps)} stall folder(s) under {dumps}"
             )
-    ctx = run(sig, log_evidence, stall_dumps, report)
+    ctx = run(sig, log_evidence, stall_dumps, report, thresholds, repairs(incidents or ()))
     if incidents is not None or incidents_gap is not None:
         # Validate reads the diagnosis (did it see what the service acted on); Prevent reads
         # what a restart cost.

@@ -66,6 +66,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--logs", nargs="+", default=[], metavar="FILE", help="ECS event logs and raw logs"
     )
+    parser.add_argument(
+        "--thresholds",
+        type=Path,
+        metavar="FILE",
+        help="the thresholds.yml the rules were rendered from (default: the shipped one)",
+    )
     parser.add_argument("--out", type=Path, help="report folder (default ./diagnose-<job_id>)")
     parser.add_argument("--json", action="store_true", help="also write report.json")
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
@@ -128,6 +134,15 @@ def run(args: argparse.Namespace) -> int:
     documents, source, gap = incidents(args)
     if gap:
         print(f"trainguard diagnose: incidents not read: {gap}", file=sys.stderr)
+    limits = None
+    if args.thresholds is not None:
+        from trainguard.thresholds import Thresholds, ThresholdsError
+
+        try:
+            limits = Thresholds.load(args.thresholds)
+        except (ThresholdsError, OSError) as exc:
+            print(f"trainguard diagnose: {exc}", file=sys.stderr)
+            return 2
     safe_job = re.sub(r"[^A-Za-z0-9_.-]", "_", args.job_id)
     out: Path = args.out or Path(f"diagnose-{safe_job}")
     try:
@@ -144,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
             incidents=documents,
             incidents_source=source,
             incidents_gap=gap,
+            thresholds=limits,
         )
     except (PrometheusError, NoDataError) as exc:
         print(f"trainguard diagnose: {exc}", file=sys.stderr)

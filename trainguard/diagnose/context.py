@@ -1,10 +1,11 @@
 """What every analysis of one job reads and writes: :class:`Context`, and small shared helpers.
 
 Each failure's analysis (:mod:`~trainguard.diagnose.oom`, ``straggler``, ``slowdown``,
-``dataloader``, ``hang``, ``gpu``) is a function of a :class:`Context`: it reads the signals,
-the evidence from logs and dumps and the thresholds, adds symptoms and root-cause candidates
-to the report, and records what a later analysis or the charts need (the worst straggler, the
-first rank to run out of memory, the ranks a hang waits for) in the context's named fields.
+``dataloader``, ``hang``, ``gpu``, ``rank_failure``) is a function of a :class:`Context`: it
+reads the signals, the evidence from logs and dumps and the thresholds, adds symptoms and
+root-cause candidates to the report, and records what a later analysis or the charts need (the
+worst straggler, the first rank to run out of memory, the ranks a hang waits for) in the
+context's named fields.
 """
 
 from __future__ import annotations
@@ -96,6 +97,9 @@ class Context:
     logs: LogEvidence = field(default_factory=LogEvidence)
     dumps: list[StallDump] = field(default_factory=list)
     thresholds: Thresholds = field(default_factory=default_thresholds)
+    # (when, action) of each repair the remediation service carried out on the job (from the
+    # incidents given to diagnose): what a restart right after one is explained by.
+    repairs: list[tuple[float, str]] = field(default_factory=list)
     # Set by straggler.analyse: the slowest straggler and when it straggled.
     worst_rank: int | None = None
     worst_window: tuple[float, float] | None = None
@@ -107,9 +111,12 @@ class Context:
     scopes: list[tuple[int, Scope]] = field(default_factory=list)
 
     # --- building the report ------------------------------------------------------------
-    def symptom(self, symptom: Symptom, scope: Scope) -> None:
-        self.report.symptoms.append(symptom)
-        self.scopes.append((symptom.severity, scope))
+    def symptom(self, symptom: Symptom, scope: Scope, *, first: bool = False) -> None:
+        """Add a symptom; ``first`` puts it before the others of its severity (the report is
+        ordered by severity alone, earlier symptoms first among equals)."""
+        at = 0 if first else len(self.report.symptoms)
+        self.report.symptoms.insert(at, symptom)
+        self.scopes.insert(at if first else len(self.scopes), (symptom.severity, scope))
 
     def candidate(self, candidate: Candidate) -> None:
         self.report.candidates.append(candidate)

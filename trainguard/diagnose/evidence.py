@@ -1,7 +1,9 @@
 """The evidence outside Prometheus: the hook's ECS events, raw logs, Flight Recorder dumps.
 
 Log files are read twice over: lines that are ECS JSON documents with an ``event.action`` are
-the hook's events (``oom``, ``collective_stalled``, ...); every file also goes through
+the hook's events (``oom``, ``collective_stalled``, ...), and every ECS line of the job's ranks
+says which process (``process.pid``) was which rank, which names the worker a torchrun agent
+reports as failed by its pid; every file also goes through
 ``trainguard triage``'s scanner, which recognises CUDA OOM messages, NCCL watchdog timeouts,
 Xids and torchrun failures in raw text. Flight Recorder dumps (``<dumps>/<job_id>/stall-*/``,
 as the hook's watchdog writes them) are handed to torch's own analyzer through
@@ -25,6 +27,11 @@ from trainguard.triage import Finding, Scanner
 DUMP_PREFIX = "fr_rank"  # trainguard.instrumentation.flight_recorder.DUMP_PREFIX (no torch here)
 STACKS_PREFIX = "stacks_rank"
 STACK_LINES = 8  # innermost lines of the main thread's stack shown in the report
+# The ECS field ecs-logging fills with the logging process's id, on every line it writes.
+FIELD_PROCESS_PID = "process.pid"
+# trainguard's own services log with the job's labels too (an alert's, an action's), from
+# processes that are no rank.
+_SERVICES = (contract.SERVICE_EXPORTER, contract.SERVICE_REMEDIATION)
 
 
 @dataclass
@@ -45,6 +52,9 @@ class LogEvidence:
     files: int = 0
     unreadable: list[str] = field(default_factory=list)
     other_jobs_skipped: int = 0
+    # pid -> the ranks that process logged as, from the job's ECS lines: one rank per process,
+    # unless two nodes reused a pid.
+    pid_ranks: dict[int, set[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -113,14 +123,16 @@ def _event(raw: bytes, job_id: str, evidence: LogEvidence) -> None:
         return
     if not isinstance(doc, dict):
         return
+    event_job = _field(doc, contract.FIELD_JOB_ID)
+    rank = _field(doc, contract.FIELD_RANK)
     kind = _field(doc, contract.FIELD_EVENT_ACTION)
+    if str(event_job) == job_id:
+        _process(doc, rank, evidence)
     if not isinstance(kind, str):
         return
-    event_job = _field(doc, contract.FIELD_JOB_ID)
     if event_job is not None and str(event_job) != job_id:
         evidence.other_jobs_skipped += 1
         return
-    rank = _field(doc, contract.FIELD_RANK)
     details = _field(doc, contract.FIELD_DETAILS)
     step = _field(doc, contract.FIELD_STEP)
     evidence.events.append(
@@ -134,6 +146,15 @@ def _event(raw: bytes, job_id: str, evidence: LogEvidence) -> None:
             step=int(step) if isinstance(step, (str, int)) and str(step).isdigit() else None,
         )
     )
+
+
+def _process(doc: Mapping[str, Any], rank: Any, evidence: LogEvidence) -> None:
+    """Record which rank the logging process was (any ECS line of the job's ranks)."""
+    pid = _field(doc, FIELD_PROCESS_PID)
+    if _field(doc, contract.FIELD_SERVICE_NAME) in _SERVICES or isinstance(pid, bool):
+        return
+    if isinstance(pid, int) and isinstance(rank, (str, int)) and str(rank).isdigit():
+        evidence.pid_ranks.setdefault(pid, set()).add(int(rank))
 
 
 def stall_folders(dumps: Path, job_id: str) -> list[Path]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from trainguard import contract
 from trainguard.contract import EventKind, Failure
 from trainguard.diagnose.context import Context, ranks_text, utc
 from trainguard.diagnose.evidence import Mismatch, StallDump
-from trainguard.diagnose.model import Candidate, Symptom
+from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Symptom
 from trainguard.diagnose.signals import increments
 
 # An adaptive collective timeout: this many times the slowest 0.1% of gradient syncs, and
@@ -101,6 +102,12 @@ def analyse(ctx: Context) -> None:
         if seen.peak_age
         else "collectives stopped completing"
     )
+    repair = _repair_before(ctx, since if since is not None else _first_event_time(ctx))
+    if repair is not None:
+        # The survivors of a node the service took away, or of a restart it signalled, wait in
+        # their collective until the others are gone: the repair's teardown, not a hang.
+        _repair_teardown(ctx, what, since, repair, seen.signals())
+        return
     ctx.symptom(
         Symptom(
             failure,
@@ -118,6 +125,48 @@ def analyse(ctx: Context) -> None:
         ),
     )
     _candidate(ctx, bool(seen.mismatches), laggard, suspects, seen.threshold)
+
+
+# A stall that begins at most this long after one of the service's repairs (or a few seconds
+# before it: the scrape) is that repair's teardown.
+TEARDOWN_SECONDS = 30.0
+_TEARDOWN_LEAD = 5.0
+_TEARING_DOWN = (contract.Action.EXCLUDE_NODE.value, contract.Action.RESTART_FROM_CHECKPOINT.value)
+
+
+def _first_event_time(ctx: Context) -> float | None:
+    """When the hook first reported a stall (its events' ECS timestamps)."""
+    times = []
+    for event in ctx.events(*_HANG_EVENTS):
+        try:
+            times.append(datetime.fromisoformat(event.timestamp.replace("Z", "+00:00")).timestamp())
+        except ValueError:
+            continue
+    return min(times, default=None)
+
+
+def _repair_before(ctx: Context, start: float | None) -> str | None:
+    """The repair (exclude, restart) of the service whose teardown a stall starting at
+    ``start`` is, if any."""
+    if start is None:
+        return None
+    for at, action in ctx.repairs:
+        if action in _TEARING_DOWN and at - _TEARDOWN_LEAD <= start <= at + TEARDOWN_SECONDS:
+            return action
+    return None
+
+
+def _repair_teardown(
+    ctx: Context, what: str, since: float | None, repair: str, signals: list[str]
+) -> None:
+    summary = (
+        f"Collectives waited while the remediation service's {repair} took ranks away ({what}): "
+        "the repair's teardown, not a hang"
+    )
+    ctx.symptom(
+        Symptom(Failure.HANG, summary, signals, since, [], [], 1),
+        Scope(ScopeLevel.JOB, "the job, while it was being repaired"),
+    )
 
 
 def _suspects(ctx: Context, seen: _Seen, laggard: int | None) -> list[int]:

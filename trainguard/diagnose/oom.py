@@ -1,13 +1,17 @@
 """CUDA out of memory, explained by the memory curve of the first rank to fail before it did:
-a fragmented allocator cache, memory that grew until it ran out, or a step that never fit."""
+a fragmented allocator cache, memory that grew until it ran out, or a step that never fit.
+Before any OOM, the ranks whose memory is about to run out (the TrainingOOMRisk alert's
+condition on the same recorded series) are a warning sign."""
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
 
 from trainguard import contract
 from trainguard.contract import EventKind, Failure
-from trainguard.diagnose.context import Context, before, between, ranks_text, utc
+from trainguard.diagnose.context import Context, before, between, ranks_text, runs, utc
 from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Symptom
 from trainguard.diagnose.signals import increments
 from trainguard.thresholds import duration_seconds
@@ -20,10 +24,22 @@ MEMORY_GROWTH = 1.2
 NEAR_CAPACITY = 0.85
 
 GIB = 1 << 30
+MIB = 1 << 20
 _EXPLAINED = ("memory_fragmentation", "memory_growth", "does_not_fit")
+# Below this a warning sign's candidates rank under an actual OOM's least likely one (0.3):
+# the candidates explain the report's first symptom first.
+_BESIDE_AN_OOM = 0.25
+# Ranks whose OOM risk the evidence spells out; the symptom lists them all.
+_RISK_RANKS_SHOWN = 4
 
 
 def analyse(ctx: Context) -> None:
+    """OOMs, then the ranks that have not run out of memory yet but are about to."""
+    _oom(ctx)
+    _risk(ctx)
+
+
+def _oom(ctx: Context) -> None:
     """OOMs from the counters, triage's log findings or the hook's events."""
     sig = ctx.sig
     ooms = {r: i for r, s in sig.oom_events.items() if (i := increments(s))}
@@ -241,4 +257,183 @@ def _unexplained(ctx: Context, m: _Memory) -> None:
             ["Record a memory snapshot (torch.cuda.memory._record_memory_history)."],
             m.facts(),
         )
+    )
+
+
+@dataclass
+class _Risk:
+    """One rank's spell at risk: when the OOM-risk condition held, and its memory then."""
+
+    rank: int
+    start: float
+    end: float
+    headroom: float
+    allocated: float | None
+    reserved: float | None
+    capacity: float | None
+    predicted: float | None  # allocated bytes predicted at the horizon, where >= capacity
+    growth: float | None  # allocated bytes per second while at risk (least squares)
+
+    @property
+    def to_capacity(self) -> float | None:
+        """Seconds until allocated reaches capacity at the growth rate."""
+        if not (self.growth and self.growth > 0 and self.capacity and self.allocated):
+            return None
+        return max(0.0, (self.capacity - self.allocated) / self.growth)
+
+    def line(self) -> str:
+        return (
+            f"rank {self.rank} at {utc(self.end)}: allocated {(self.allocated or 0) / GIB:.2f} "
+            f"GiB, reserved {(self.reserved or 0) / GIB:.2f} GiB of "
+            f"{(self.capacity or 0) / GIB:.2f} GiB ({max(self.headroom, 0.0):.0%} free, "
+            f"{contract.REC_RANK_MEMORY_HEADROOM})"
+        )
+
+    def facts(self) -> dict[str, object]:
+        return {
+            "rank": self.rank,
+            "at_risk_since": self.start,
+            "allocated_bytes": self.allocated,
+            "reserved_bytes": self.reserved,
+            "capacity_bytes": self.capacity,
+            "headroom_ratio": self.headroom,
+            "predicted_bytes": self.predicted,
+            "growth_bytes_per_second": self.growth,
+            "seconds_to_capacity": self.to_capacity,
+        }
+
+
+def _risk(ctx: Context) -> None:
+    """Ranks with the TrainingOOMRisk alert's condition held as long as the alert holds it
+    (``oom_risk_for``; a leak is restarted away soon after the alert fires):
+    headroom under ``oom_risk_headroom_ratio``, or under ``oom_risk_predict_headroom_ratio``
+    while allocations are predicted to reach capacity. A rank that ran out already is the
+    OOM's."""
+    sig, limits = ctx.sig, ctx.thresholds
+    ran_out = {r for s in ctx.report.symptoms if s.failure is Failure.OOM for r in s.ranks}
+    hold = max(1, math.ceil(duration_seconds(limits.oom_risk_for) / sig.step))
+    risks: list[_Risk] = []
+    for rank, headroom in sorted(sig.headroom.items()):
+        if rank in ran_out:
+            continue
+        predicted = dict(sig.at_capacity[rank].points) if rank in sig.at_capacity else {}
+        flags = [
+            (
+                t,
+                v < limits.oom_risk_headroom_ratio
+                or (v < limits.oom_risk_predict_headroom_ratio and t in predicted),
+            )
+            for t, v in headroom.points
+            if not math.isnan(v)
+        ]
+        spell = runs(flags, hold)
+        if spell is not None:
+            risks.append(_at_risk(ctx, rank, spell, predicted))
+    if not risks:
+        return
+    ranks = [r.rank for r in risks]
+    predicted_any = any(r.predicted for r in risks)
+    ctx.symptom(
+        Symptom(
+            Failure.OOM,
+            f"Memory close to capacity on {ranks_text(ranks)}: out-of-memory risk, no OOM yet",
+            [contract.REC_RANK_MEMORY_HEADROOM]
+            + ([contract.REC_RANK_MEMORY_AT_CAPACITY] if predicted_any else []),
+            min(r.start for r in risks),
+            ranks,
+            sorted({sig.node_of(r) for r in ranks if sig.node_of(r)}),
+            1,
+        ),
+        ctx.rank_scope(ranks, "its memory is about to run out; nothing has failed yet"),
+    )
+    # Growing: the alert's own prediction held, or the growth while at risk reaches capacity
+    # within the alert's horizon.
+    horizon = limits.oom_risk_predict_horizon_seconds
+    creeping = [
+        r for r in risks if r.predicted or (r.to_capacity is not None and r.to_capacity <= horizon)
+    ]
+    flat = [r for r in risks if r not in creeping]
+    cap = _BESIDE_AN_OOM if ran_out else 1.0
+    if creeping:
+        ctx.candidate(_creep(creeping, min(0.6, cap)))
+    if flat:
+        ctx.candidate(_headroom(flat, min(0.4, cap)))
+
+
+def _at_risk(
+    ctx: Context, rank: int, spell: tuple[float, float], predicted: dict[float, float]
+) -> _Risk:
+    sig = ctx.sig
+    start, end = spell
+    points = [
+        (t, v)
+        for t, v in (sig.allocated[rank].points if rank in sig.allocated else [])
+        if start <= t <= end and not math.isnan(v)
+    ]
+    growth = None
+    if len({t for t, _ in points}) >= 2:
+        growth = statistics.linear_regression(*zip(*points, strict=True)).slope
+    headroom = [v for t, v in sig.headroom[rank].points if t <= end and not math.isnan(v)]
+    in_spell = [v for t, v in predicted.items() if start <= t <= end]
+    return _Risk(
+        rank,
+        start,
+        end,
+        headroom[-1],
+        before(sig.allocated.get(rank), end + sig.step / 2),
+        before(sig.reserved.get(rank), end + sig.step / 2),
+        before(sig.capacity.get(rank), end + sig.step / 2),
+        in_spell[-1] if in_spell else None,
+        growth,
+    )
+
+
+def _creep(risks: list[_Risk], confidence: float) -> Candidate:
+    worst = min(risks, key=lambda r: (r.to_capacity is None, r.to_capacity or 0.0))
+    evidence = []
+    for r in risks[:_RISK_RANKS_SHOWN]:
+        evidence.append(r.line())
+        if r.growth is not None and r.growth > 0:
+            until = r.to_capacity
+            evidence.append(
+                f"rank {r.rank}: allocated grew {r.growth / MIB:.1f} MiB/s while at risk "
+                f"(since {utc(r.start)}, {contract.MEMORY_ALLOCATED.name})"
+                + (f"; at that rate it reaches capacity in {until:.0f} s" if until else "")
+            )
+        if r.predicted:
+            evidence.append(
+                f"rank {r.rank}: allocations predicted to reach {r.predicted / GIB:.2f} GiB, "
+                f"at or above capacity ({contract.REC_RANK_MEMORY_AT_CAPACITY})"
+            )
+    return Candidate(
+        "memory_creep",
+        f"Memory held by tensors grows on {ranks_text([r.rank for r in risks])} toward the "
+        "GPU's capacity; it will run out unless the growth stops",
+        confidence,
+        evidence,
+        [
+            "Checkpoint now (trainguard-remediation's checkpoint_now for TrainingOOMRisk), so "
+            "the OOM, when it comes, costs little.",
+            "Look for tensors kept across steps (losses appended without .item(), caches, "
+            "growing sequence lengths) in the growing rank's code path.",
+        ],
+        ["Alert on TrainingOOMRisk (it fired here) and act on it before the OOM."],
+        worst.facts(),
+    )
+
+
+def _headroom(risks: list[_Risk], confidence: float) -> Candidate:
+    worst = min(risks, key=lambda r: r.headroom)
+    return Candidate(
+        "low_memory_headroom",
+        f"Little free memory on {ranks_text([r.rank for r in risks])}, not growing: the next "
+        "allocation peak (a longer batch, an evaluation step) may not fit",
+        confidence,
+        [r.line() for r in risks[:_RISK_RANKS_SHOWN]],
+        [
+            "Nothing has failed: before a peak, restart with "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or a smaller micro-batch."
+        ],
+        ["Leave headroom for the largest step (the longest sequence, evaluation)."],
+        worst.facts(),
     )

@@ -323,6 +323,13 @@ _RULES: dict[str, tuple[Failure | None, Rule]] = {
         Failure.OOM,
         lambda ctx, c: _micro_batches(ctx, c) + _memory_history(ctx, c),
     ),
+    "memory_creep": (Failure.OOM, _memory_history),
+    "low_memory_headroom": (Failure.OOM, _none),
+    # A restart's cost is the checkpoint interval's concern (_checkpointing), no setting else.
+    "rank_killed": (Failure.RANK_FAILURE, _none),
+    "rank_error": (Failure.RANK_FAILURE, _none),
+    "workers_terminated": (Failure.RANK_FAILURE, _none),
+    "rank_failure_unnamed": (Failure.RANK_FAILURE, _none),
     Failure.GPU_THROTTLING.value: (Failure.GPU_THROTTLING, _straggler),
     "node_degraded": (Failure.STRAGGLER, _straggler),
     "slow_gpu_or_process": (Failure.STRAGGLER, _straggler),

@@ -96,6 +96,10 @@ class Signals:
     reserved: dict[int, Series] = field(default_factory=dict)
     capacity: dict[int, Series] = field(default_factory=dict)
     fragmentation: dict[int, Series] = field(default_factory=dict)
+    # The OOM-risk alert's recorded series: 1 - reserved/capacity, and the allocated bytes
+    # predicted at the horizon where that reaches capacity (absent where it does not).
+    headroom: dict[int, Series] = field(default_factory=dict)
+    at_capacity: dict[int, Series] = field(default_factory=dict)
     oom_events: dict[int, Series] = field(default_factory=dict)
     alloc_retries: dict[int, Series] = field(default_factory=dict)
     oldest_inflight: dict[int, Series] = field(default_factory=dict)
@@ -103,6 +107,12 @@ class Signals:
     stalls: dict[int, Series] = field(default_factory=dict)
     timeouts: dict[int, Series] = field(default_factory=dict)
     last_step: dict[int, Series] = field(default_factory=dict)
+    # torchrun's restart count of each rank's worker group (TORCHELASTIC_RESTART_COUNT).
+    elastic_restarts: dict[int, Series] = field(default_factory=dict)
+    # The smallest world size the job's ranks report (one series; empty without the gauge): a
+    # job that re-formed smaller shows it as soon as one survivor reports, while a gone rank's
+    # last (larger) value can linger for Prometheus' lookback.
+    world_size: list[Series] = field(default_factory=list)
     laggard: list[Series] = field(default_factory=list)
     stall_threshold: Series | None = None
     grad_sync_p99: Series | None = None
@@ -211,6 +221,10 @@ def collect(
     sig.reserved = _by_rank(rank_sum(c.MEMORY_RESERVED.name))
     sig.capacity = _by_rank(rank_sum(c.MEMORY_CAPACITY.name))
     sig.fragmentation = _by_rank(rank_sum(c.MEMORY_FRAGMENTATION.name, "max"))
+    sig.headroom = _by_rank(rng(rule_query(c.REC_RANK_MEMORY_HEADROOM, job)))
+    sig.at_capacity = _by_rank(rng(rule_query(c.REC_RANK_MEMORY_AT_CAPACITY, job)))
+    sig.elastic_restarts = _by_rank(rank_sum(c.ELASTIC_RESTARTS.name, "max"))
+    sig.world_size = rng(f"min({c.WORLD_SIZE.name}{{{job}}})")
     sig.oom_events = _by_rank(rank_sum(c.OOM_EVENTS.name))
     sig.alloc_retries = _by_rank(rank_sum(c.MEMORY_ALLOC_RETRIES.name))
     sig.launched = _by_rank(rank_sum(c.COLLECTIVES_LAUNCHED.name))

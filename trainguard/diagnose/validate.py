@@ -113,6 +113,19 @@ def validate(
     return found
 
 
+def repairs(docs: Sequence[Any]) -> list[tuple[float, str]]:
+    """(when, action) of every repair carried out in these incident documents (malformed ones
+    are left out here; ``validate`` names them)."""
+    done = []
+    for doc in docs:
+        try:
+            incident = parse(doc)
+        except IncidentsError:
+            continue
+        done += [(t.at, t.action) for t in incident.tried if t.at is not None]
+    return sorted(done)
+
+
 def parse(doc: Any) -> IncidentRecord:
     """One IncidentView document; IncidentsError names the first field that is wrong."""
     if not isinstance(doc, Mapping):

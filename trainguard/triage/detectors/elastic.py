@@ -93,6 +93,12 @@ _RESTART = re.compile(
     r"Worker group (?:FAILED|UNHEALTHY)[.,](?: is failure node: \w+,)?\s*"
     r"(?P<left>\d+)/(?P<max>\d+) attempts left"
 )
+# When the agent logged a line, in the logger's format: glog's "E1205 11:30:19.070000" (month,
+# day; torch >= 2.3) or "[2024-05-08 08:47:31,877]" (2.1, 2.2); the older logging.basicConfig
+# format has none. Read as "MM-DD HH:MM:SS.ffffff", the part every format holds, so that the
+# agents' failures of one job sort by time (diagnose names the first).
+_GLOG_TIME = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d:\d\d:\d\d)(?:\.(\d+))? ")
+_BRACKET_TIME = re.compile(r"^\[\d{4}-(\d\d)-(\d\d) (\d\d:\d\d:\d\d)(?:,(\d+))?\]")
 # multiprocessing/api.py PContext._close also logs "Sending process %s closing signal %s" for
 # the survivors of a failure, but also for every worker when the agent itself is stopped: no
 # evidence of a failed rank, so not read.
@@ -105,6 +111,15 @@ def _signal_name(exitcode: int) -> str | None:
         return signal.Signals(-exitcode).name
     except ValueError:
         return f"signal {-exitcode}"
+
+
+def _logged_at(line: str) -> str | None:
+    """The agent line's own time as "MM-DD HH:MM:SS.ffffff", when its format has one."""
+    stamp = _GLOG_TIME.match(line) or _BRACKET_TIME.match(line)
+    if stamp is None:
+        return None
+    month, day, clock, fraction = stamp.groups()
+    return f"{month}-{day} {clock}.{(fraction or '')[:6]:0<6}"
 
 
 def _elastic_advice(root: dict[str, Any]) -> str:
@@ -186,6 +201,9 @@ class _SourceState:
     max_restarts: int | None = None
     restart_where: Location | None = None
     agent: tuple[Location, dict[str, Any]] | None = None
+    # Every worker failure the agent logged, in order (a job restarted after each): the first
+    # is ``agent``'s; diagnose joins each by pid with the hook's events.
+    agent_failures: list[dict[str, Any]] = field(default_factory=list)
     summaries: list[_Summary] = field(default_factory=list)
 
 
@@ -265,16 +283,18 @@ class ElasticFailureDetector:
         failed = _AGENT_FAILED.search(line) or _CHILD_FAILED.search(line)
         if failed:
             state = self._state(source)
+            code = int(failed["code"])
+            worker = {
+                "local_rank": int(failed["local"]),
+                "exitcode": code,
+                "pid": int(failed["pid"]),
+                "signal": _signal_name(code),
+            }
             if state.agent is None:
-                code = int(failed["code"])
-                state.agent = (
-                    where,
-                    {
-                        "local_rank": int(failed["local"]),
-                        "exitcode": code,
-                        "pid": int(failed["pid"]),
-                        "signal": _signal_name(code),
-                    },
+                state.agent = (where, worker)
+            if len(state.agent_failures) < MAX_LISTED:
+                state.agent_failures.append(
+                    {**worker, "time": _logged_at(_strip_prefix(line).lstrip()), "line": where.line}
                 )
 
     def _launch_line(self, line: str, where: Location, source: Source) -> None:
@@ -428,6 +448,8 @@ class ElasticFailureDetector:
         }
         if state.max_restarts is not None:
             fields["max_restarts"] = state.max_restarts
+        if state.agent_failures:
+            fields["agent_failures"] = state.agent_failures
         location = where or (summary.start if summary else Location("", 0))
         return Finding(
             Failure.RANK_FAILURE,
