@@ -265,6 +265,40 @@ def test_a_caller_that_gave_up_gets_nothing_written(tmp_path: Path) -> None:
         store.close()
 
 
+def test_a_requests_unit_commits_before_a_background_unit_queued_before_it(
+    tmp_path: Path,
+) -> None:
+    """The webhook's answer does not wait for a decision queued beside it."""
+    from trainguard.remediation.store import Store
+
+    store = Store(tmp_path / "s.db")
+    gate, answered = threading.Event(), threading.Event()
+    insert = "INSERT INTO breakers (subject, tripped_at, reason) VALUES ('{}', 0, 'r')"
+
+    def background(conn: Any) -> bool:
+        conn.execute(text(insert.format("background")))
+        # Under one commit with the request's unit, that answer would come after this returns.
+        return answered.wait(5)
+
+    try:
+        blocker = store.submit(lambda conn: gate.wait(5))
+        wait_for(blocker.running)  # the next units queue behind it, in one batch
+        behind = store.submit(background)
+        request = store.submit(
+            lambda conn: conn.execute(text(insert.format("request"))), answering=True
+        )
+        request.add_done_callback(lambda _: answered.set())
+        gate.set()
+        assert behind.result(10), "the request's unit waited for the background unit"
+        request.result(5)
+        assert sorted(_db(tmp_path / "s.db", "SELECT subject FROM breakers")) == [
+            ("background",),
+            ("request",),
+        ]
+    finally:
+        store.close()
+
+
 @both_backends
 def test_a_unit_the_database_refuses_is_a_store_error_and_its_batch_is_kept(
     settings: Settings,

@@ -219,6 +219,7 @@ def test_default_policy_ladders() -> None:
             assert rule.escalate == (), rule.alert
     assert {r.alert for r in policy.rules if not r.opens_incidents} == {
         "TrainingDataLoaderBound",
+        "TrainingRankRestarted",
         "TrainingMemoryFragmentation",
         "GpuThermalThrottling",
         "GpuNvmlDown",

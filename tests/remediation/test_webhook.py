@@ -71,6 +71,14 @@ def test_401_without_the_token(settings: Settings, headers: dict[str, str]) -> N
         assert 'reason="unauthorized"' in client.get("/metrics").text
 
 
+def test_the_bearer_scheme_is_case_insensitive(settings: Settings) -> None:
+    with serve(settings) as client:
+        headers = {"Authorization": f"bearer {TOKEN}"}
+        response = client.post("/v1/alertmanager", json=payload(alert()), headers=headers)
+        assert response.status_code == 200, response.text
+        assert client.get("/v1/actions", headers=headers).status_code == 200
+
+
 def test_413_over_the_body_limit(settings: Settings) -> None:
     settings = settings.model_copy(update={"max_body_bytes": 2000})
     big = payload(*[alert(fingerprint=f"f{i}", job_id="j") for i in range(20)])
@@ -279,4 +287,6 @@ def test_operations_endpoints(settings: Settings) -> None:
             spec["paths"]
         )
         assert "HTTPBearer" in spec["components"]["securitySchemes"]
+        # The webhook checks the token in a dependency of its own; its document says so.
+        assert spec["paths"]["/v1/alertmanager"]["post"]["security"] == [{"HTTPBearer": []}]
         assert "OperatorBearer" in spec["components"]["securitySchemes"]

@@ -24,6 +24,7 @@ from trainguard.remediation.deps import (
     RuntimeDep,
     SettingsDep,
     StoreDep,
+    WebhookRuntime,
     WorkerDep,
 )
 from trainguard.remediation.engine import ConflictError, Engine, NotFoundError
@@ -48,6 +49,9 @@ from trainguard.remediation.store import StoreError, UnstorableError
 log = logging.getLogger(__name__)
 
 router = APIRouter()
+# The webhook alone, included first (see create_app): the route an alert storm hits is the
+# first one matched, and resolves one dependency (the runtime, once the token is checked).
+webhook = APIRouter(prefix="/v1")
 # Alertmanager and the ranks (webhook token); the audit trail (either token); operators' decisions
 # (operator token only: a leaked webhook secret must not let a destructive action through).
 v1 = APIRouter(prefix="/v1", dependencies=[Authenticated])
@@ -59,13 +63,18 @@ ActionId = Annotated[int, Path(ge=1, le=2**62)]
 _UNAVAILABLE = "the store could not commit; retry"
 
 
-@v1.post("/alertmanager", response_model=WebhookAccepted, tags=["alertmanager"])
+@webhook.post(
+    "/alertmanager",
+    response_model=WebhookAccepted,
+    tags=["alertmanager"],
+    # The webhook token, as the routes of ``v1`` declare it through their dependency.
+    openapi_extra={"security": [{"HTTPBearer": []}]},
+)
 async def alertmanager(
-    payload: WebhookPayload, request: Request, runtime: RuntimeDep
+    payload: WebhookPayload, request: Request, runtime: WebhookRuntime
 ) -> WebhookAccepted:
     """Alertmanager's webhook (payload version 4). 200 only once the notification is committed
     to the inbox; it is decided after, in the order notifications were accepted."""
-    # One dependency rather than four: this is the hot path, and each costs a resolution.
     store, metrics = runtime.store, runtime.metrics
     started = time.perf_counter()
     # FastAPI read the body to validate it; this is that read, kept.

@@ -9,6 +9,7 @@ verifier and the inbox's decider and closes them again; everything a request nee
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -219,6 +220,10 @@ def create_app(
             verifier,
             decider,
         )
+        # What start-up built (the app, its models and routes, the policy, the tables) lives as
+        # long as the service: out of the collector's sight, a full collection during an alert
+        # storm no longer walks it, with the event loop held (50-70 ms, every few seconds).
+        gc.freeze()
         worker.start()
         verifier.start()
         # Notifications a previous process accepted and did not decide come first.
@@ -245,6 +250,7 @@ def create_app(
             if attacher is not None:
                 attacher.close()
             store.close()
+            gc.unfreeze()
 
     app = FastAPI(
         title="trainguard remediation",
@@ -252,6 +258,7 @@ def create_app(
         description="Alertmanager webhook -> policy -> guarded actions, with an audit trail.",
         lifespan=lifespan,
     )
+    app.include_router(api.webhook)
     app.include_router(api.router)
     app.include_router(report_api.router)
     app.include_router(discovery_api.router)

@@ -342,6 +342,8 @@ _POSTGRES_CONNECT_ARGS = {
     "options": "-c synchronous_commit=on -c statement_timeout=30000",
 }
 _STOP = object()
+# A queued unit: the unit, its caller's future, and whether a request's answer waits for it.
+_Queued = tuple[Callable[[Connection], Any], concurrent.futures.Future[Any], bool]
 _SAVEPOINT = Statement("SAVEPOINT unit")
 _RELEASE_SAVEPOINT = Statement("RELEASE SAVEPOINT unit")
 _ROLLBACK_TO_SAVEPOINT = Statement("ROLLBACK TO SAVEPOINT unit")
@@ -465,20 +467,25 @@ class Store:
             self._checkpointer.start()
 
     # --- writing ---------------------------------------------------------------------------
-    def submit(self, unit: Callable[[Connection], T]) -> concurrent.futures.Future[T]:
-        """Queue ``unit`` to run in a transaction; the future resolves after the commit."""
+    def submit(
+        self, unit: Callable[[Connection], T], *, answering: bool = False
+    ) -> concurrent.futures.Future[T]:
+        """Queue ``unit`` to run in a transaction; the future resolves after the commit.
+        ``answering``: a request's answer waits for it (see :meth:`write`)."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         if self._closed:
             future.set_exception(StoreError("the store is closed"))
             return future
-        self._queue.put((unit, future))
+        self._queue.put((unit, future, answering))
         return future
 
     def write_sync(self, unit: Callable[[Connection], T]) -> T:
         return self.submit(unit).result()
 
     async def write(self, unit: Callable[[Connection], T]) -> T:
-        return await asyncio.wrap_future(self.submit(unit))
+        """``unit`` from a request that answers once it is committed: queued beside the
+        background threads' units (a decision, a sweep), it commits first, on its own."""
+        return await asyncio.wrap_future(self.submit(unit, answering=True))
 
     def _write_loop(self) -> None:
         conn = self._writer_conn
@@ -497,7 +504,15 @@ class Store:
                     stop = True
                     break
                 batch.append(item)
-            self._run_batch(conn, batch)
+            # The requests' units commit before the background threads' units queued with
+            # them: a decision's unit runs for milliseconds, and the webhook's answers (what
+            # Alertmanager waits for) would wait for it and for its share of the commit.
+            answering = [item for item in batch if item[2]]
+            if answering and len(answering) < len(batch):
+                self._run_batch(conn, answering)
+                self._run_batch(conn, [item for item in batch if not item[2]])
+            else:
+                self._run_batch(conn, batch)
             if stop:
                 break
         # Anything queued behind the stop marker is refused, never left hanging.
@@ -510,14 +525,10 @@ class Store:
                 item[1].set_exception(StoreError("the store is closed"))
         conn.close()
 
-    def _run_batch(
-        self,
-        conn: Connection,
-        batch: list[tuple[Callable[[Connection], Any], concurrent.futures.Future[Any]]],
-    ) -> None:
+    def _run_batch(self, conn: Connection, queued: list[_Queued]) -> None:
         # A caller that gave up (a cancelled future) gets nothing written; the others' futures
         # can no longer be cancelled, so resolving them below cannot fail.
-        batch = [item for item in batch if item[1].set_running_or_notify_cancel()]
+        batch = [item[:2] for item in queued if item[1].set_running_or_notify_cancel()]
         outcomes: list[tuple[bool, Any]] = []
         try:
             with conn.begin():
