@@ -87,7 +87,7 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("fault-matrix")
     done = subprocess.run(
         [sys.executable, str(MATRIX), "--quick", "--parallel", "4", "--out", str(out)],
-        capture_output=True, text=True, timeout=1200, check=False, cwd=REPO,
+        capture_output=True, text=True, timeout=1100, check=False, cwd=REPO,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
     last = done.stdout.strip().splitlines()[-1]
@@ -105,7 +105,9 @@ def _one(quick: dict[str, Any], fault: str) -> dict[str, Any]:
     return found
 
 
+# The first test to use the fixture waits for the whole quick matrix (some 6 minutes here).
 @pytest.mark.e2e
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("fault", [spec.name for spec in CATALOGUE])
 def test_quick_matrix_detects_names_and_repairs(quick: dict[str, Any], fault: str) -> None:
     run = _one(quick, fault)
@@ -117,6 +119,7 @@ def test_quick_matrix_detects_names_and_repairs(quick: dict[str, Any], fault: st
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(1200)
 def test_quick_matrix_healthy_job_raises_nothing(quick: dict[str, Any]) -> None:
     run = _one(quick, HEALTHY)
     assert run["alerts"] == {} and run["action"] is None, run
