@@ -25,8 +25,14 @@ AGENT = "torch/distributed/elastic/multiprocessing/api.py:1002]"
 BINARY = "of binary: /work/main/.venv/bin/python"
 
 
+def advised(report: Report) -> Report:
+    """The report, once every candidate it holds says what to do now and what prevents it."""
+    assert all(c.do_now and c.prevention for c in report.candidates), report.candidates
+    return report
+
+
 def run(history: History, job_id: str, logs: Path) -> Report:
-    return diagnose(history.url, job_id, until=history.now, logs=[str(logs)])
+    return advised(diagnose(history.url, job_id, until=history.now, logs=[str(logs)]))
 
 
 def copy(job_id: str, tmp_path: Path, to_job: str | None = None) -> Path:
@@ -152,7 +158,7 @@ def test_a_healthy_job_has_no_rank_failure_given_other_jobs_failures(history: Hi
 def test_a_node_excluded_on_purpose_is_no_rank_failure(history: History) -> None:
     """The survivors of an exclusion restart too (their peers are gone), but the job re-formed
     smaller: the straggler that caused the exclusion is the report's failure."""
-    report = diagnose(history.url, synthetic.EXCLUDED, until=history.now)
+    report = advised(diagnose(history.url, synthetic.EXCLUDED, until=history.now))
     assert report.failure is Failure.STRAGGLER and report.symptoms[0].ranks == [2]
     (left,) = [s for s in report.symptoms if s.failure is Failure.RANK_FAILURE]
     assert left.severity == 1 and left.ranks == []
@@ -169,12 +175,14 @@ def test_a_restart_right_after_a_repair_is_the_repair_s(history: History) -> Non
     acted = datetime.fromtimestamp(restart - 20, timezone.utc).isoformat()
     incident.update(job_id=synthetic.RANK_KILL, acted_at=acted)
     incident["tried"][0]["at"] = acted
-    report = diagnose(
-        history.url,
-        synthetic.RANK_KILL,
-        until=history.now,
-        logs=[str(LOGS / synthetic.RANK_KILL)],
-        incidents=[incident],
+    report = advised(
+        diagnose(
+            history.url,
+            synthetic.RANK_KILL,
+            until=history.now,
+            logs=[str(LOGS / synthetic.RANK_KILL)],
+            incidents=[incident],
+        )
     )
     (restarted,) = [s for s in report.symptoms if s.failure is Failure.RANK_FAILURE]
     assert restarted.severity == 1 and restarted.ranks == []

@@ -160,7 +160,11 @@ def _report_planned(ctx: Context, when: float, restarts: float, why: str, cause:
             _SECONDARY,
             [summary + f" ({contract.ELASTIC_RESTARTS.name}, {contract.WORLD_SIZE.name})"],
             ["Check the remediation service's incidents for the repair and its reason."],
-            [],
+            [
+                "Nothing to prevent in the restart itself; prevent what the repair answered "
+                "(its incident's cause), and keep checkpoints frequent enough that a planned "
+                "restart loses little work."
+            ],
             {"restarted_at": when},
         )
     )
@@ -343,7 +347,10 @@ def _candidate(
                 "Pass the torchrun agents' output and the ranks' ECS logs with --logs: the "
                 "agent's 'failed (exitcode: ...) (pid: ...)' line and the pid name the rank."
             ],
-            [],
+            [
+                "Ship the torchrun agents' output alongside the ranks' ECS logs (run the agent "
+                "with --tee or collect its stderr), so the next failure names its rank."
+            ],
             facts,
         )
     who = f"Rank {root.rank}" if root.rank is not None else f"Local rank {root.local_rank}"
@@ -355,7 +362,10 @@ def _candidate(
             _SECONDARY,
             evidence,
             ["Check the remediation service's incidents and the scheduler's records."],
-            [],
+            [
+                "If the scheduler preempts the job, checkpoint at least as often as it "
+                "preempts, so each restart resumes close to where it stopped."
+            ],
             facts,
         )
     if root.exitcode is not None and root.exitcode < 0:
@@ -384,6 +394,10 @@ def _candidate(
             "torchrun --tee): the other ranks' errors (connection closed by peer) are its "
             "consequences."
         ],
-        [],
+        [
+            "Run the failing code path (the rank's exception) in a short pre-flight job at "
+            "the same world size before a long run; bound torchrun's --max-restarts so a "
+            "deterministic error stops the job instead of restarting it forever."
+        ],
         facts,
     )
