@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
 
 from tests.ports import free_port
@@ -295,6 +295,31 @@ def test_a_requests_unit_commits_before_a_background_unit_queued_before_it(
             ("background",),
             ("request",),
         ]
+    finally:
+        store.close()
+
+
+@both_backends
+def test_a_unit_alone_that_fails_writes_nothing_and_the_store_goes_on(settings: Settings) -> None:
+    """A batch of one unit runs without a savepoint: its failure rolls the transaction back."""
+    from trainguard.remediation.store import Store, StoreError
+
+    store = Store(settings.database(), synchronous="NORMAL")
+    insert = "INSERT INTO breakers (subject, tripped_at, reason) VALUES ('{}', 0, 'r')"
+
+    def half_done(conn: Connection) -> None:
+        conn.execute(text(insert.format("half")))
+        raise LookupError("the unit's own error, after a write")
+
+    try:
+        with pytest.raises(LookupError, match="after a write"):
+            store.write_sync(half_done)
+        duplicate = insert.format("twice") + ", ('twice', 0, 'r')"
+        with pytest.raises(StoreError, match="the database refused the change"):
+            store.write_sync(lambda conn: conn.execute(text(duplicate)))
+        store.write_sync(lambda conn: conn.execute(text(insert.format("after"))))
+        assert store.writer_alive()
+        assert rows(settings, "SELECT subject FROM breakers") == [("after",)]
     finally:
         store.close()
 

@@ -167,7 +167,9 @@ def test_replicas_draining_one_inbox_decide_each_notification_once(
     for _ in range(2):
         store = Store(url)
         engine = Engine(load_policy(None), Guards())
-        decider = Decider(store, engine, Metrics(store, True), wake_worker=lambda: None)
+        decider = Decider(
+            store, engine, Metrics(store, True), wake_worker=lambda: None, decide_within=15.0
+        )
         replicas.append((store, engine, decider))
     try:
         store, engine, _ = replicas[0]
@@ -188,3 +190,16 @@ def test_replicas_draining_one_inbox_decide_each_notification_once(
         for store, _, decider in replicas:
             decider.stop()
             store.close()
+
+
+def test_deciding_defers_to_a_storm_until_the_lag_allowed_then_takes_a_fifth() -> None:
+    """While notifications keep arriving: within ``decide_within`` of lag the decider all but
+    stops (its units hold the writer every answer waits for), past it it still decides a
+    fifth of the time, so a long storm's lag grows no faster than it must."""
+    took = 0.004
+    within, past = inbox.pause(took, 2.0, 15.0), inbox.pause(took, 16.0, 15.0)
+    assert took / (took + within) < 0.05  # under a twentieth of the time within the lag
+    assert took / (took + past) == pytest.approx(0.2)
+    assert inbox.pause(2 * took, 2.0, 15.0) == pytest.approx(2 * within)
+    # decide_within 0: never defer past the fifth.
+    assert inbox.pause(took, 0.0, 0.0) == past

@@ -206,7 +206,13 @@ def create_app(
             interval=settings.verify_interval_seconds,
             wake_worker=worker.wake,
         )
-        decider = Decider(store, engine, metrics, wake_worker=worker.wake)
+        decider = Decider(
+            store,
+            engine,
+            metrics,
+            wake_worker=worker.wake,
+            decide_within=settings.decide_within_seconds,
+        )
         app.state.runtime = Runtime(
             settings,
             token,

@@ -22,9 +22,11 @@ commit (the database unreachable) is no fault of the notification: the decider w
 it again for as long as that lasts.
 
 Accepting comes first: while notifications keep arriving, the decider pauses after each
-decision (``_YIELD``), so a storm is accepted at the rate the store commits and decided behind
-it, at no less than a fifth of the time; the inbox's depth, its oldest entry's age and the
-accepted-to-decided histogram show how far behind.
+decision (:func:`pause`), so a storm is accepted at the rate the store commits and decided
+behind it. Within ``decide_within`` seconds of lag (the age of the oldest undecided entry) it
+all but stops; past that it takes a fifth of the time, so the lag of a long storm grows no
+faster than it must. The inbox's depth, its oldest entry's age and the accepted-to-decided
+histogram show how far behind.
 
 Replicas sharing a Postgres database each drain the inbox; a unit marks its entry decided only
 while it is undecided, else it is rolled back, so each notification is decided once.
@@ -63,11 +65,16 @@ _READ_BATCH = 64
 # How often the decider looks for entries nobody woke it for (another replica's, on Postgres).
 _POLL_SECONDS = 1.0
 _RETRY_SECONDS = 1.0
-# While notifications keep arriving, the decider pauses after each decision for this many
-# times the decision's duration: accepting (what Alertmanager waits for) gets the CPU and the
-# interpreter first, and deciding still gets 1 / (1 + _YIELD) of the time, so the inbox never
-# stops draining; with no notification arriving it decides flat out. (2 left the intake at
-# 0.43 of the benchmark's floor, 4 at 0.6: benchmarks/remediation_load.py.)
+# While notifications keep arriving, the decider pauses after each decision for a multiple of
+# the decision's duration: accepting (what Alertmanager waits for) gets the CPU, the interpreter
+# and the store's writer first; with no notification arriving it decides flat out. Within the
+# lag allowed (decide_within) deciding takes 1 / (1 + _DEFER) of the time: its units hold the
+# writer for milliseconds, and every answer queued behind one waits that long (measured with
+# benchmarks/remediation_load.py on an idle machine: deciding at a fifth, the intake reached
+# 0.48-0.57 of the floor, p99 2.0-2.6x; at 1/51, 0.62-0.66 and 1.9-2.0x, as with no deciding at
+# all until the storm paused). Past it, 1 / (1 + _YIELD), so the inbox keeps draining however
+# long a storm lasts.
+_DEFER = 50.0
 _YIELD = 4.0
 # Tries of a notification whose unit fails before it is marked failed.
 _ATTEMPTS = 3
@@ -181,6 +188,12 @@ def _time(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=timezone.utc)
 
 
+def pause(took: float, behind: float, decide_within: float) -> float:
+    """Seconds the decider waits, while notifications keep arriving, after a decision that
+    took ``took`` seconds, of an entry accepted ``behind`` seconds ago."""
+    return took * (_DEFER if behind < decide_within else _YIELD)
+
+
 class Decider:
     """Drains the inbox in order on a thread of its own; see the module's docstring."""
 
@@ -191,8 +204,10 @@ class Decider:
         metrics: Metrics,
         *,
         wake_worker: Callable[[], None],
+        decide_within: float,
     ) -> None:
         self._store = store
+        self._decide_within = decide_within
         self._engine = engine
         self._metrics = metrics
         self._wake_worker = wake_worker
@@ -264,13 +279,13 @@ class Decider:
                 continue
             for entry_id, body, accepted_at in entries:
                 intake = self._accepted
-                started = time.monotonic()
-                if not self._decide(entry_id, bytes(body), accepted_at):
+                took = self._decide(entry_id, bytes(body), accepted_at)
+                if took is None:
                     return  # stopping: the entry stays undecided for the next start
                 self._advance(entry_id)
                 if self._accepted != intake:
-                    # Notifications arrived meanwhile: the intake comes first (see _YIELD).
-                    self._stop.wait((time.monotonic() - started) * _YIELD)
+                    # Notifications arrived meanwhile: the intake comes first.
+                    self._stop.wait(pause(took, time.time() - accepted_at, self._decide_within))
 
     @staticmethod
     def _pending(conn: Connection) -> tuple[int, list[tuple[int, Any, float]]]:
@@ -278,21 +293,25 @@ class Decider:
         entries = conn.execute(_UNDECIDED, {"limit": _READ_BATCH}).all()
         return last, [(int(i), body, float(at)) for i, body, at in entries]
 
-    def _decide(self, entry_id: int, body: bytes, accepted_at: float) -> bool:
-        """Decide one entry, or mark it failed; False when stopped before either."""
+    def _decide(self, entry_id: int, body: bytes, accepted_at: float) -> float | None:
+        """Decide one entry, or mark it failed; the seconds that took (the waits between
+        tries left out), None when stopped before either."""
+        started = time.monotonic()
         try:
             payload = WebhookPayload.model_validate_json(body)
         except ValidationError as exc:
             # Validated on its way in: only a model changed across an upgrade refuses it now.
-            return self._fail(entry_id, f"no longer a valid notification: {exc}")
+            failed = self._fail(entry_id, f"no longer a valid notification: {exc}")
+            return time.monotonic() - started if failed else None
         attempts = 0
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 result, planned, at = self._store.write_sync(
                     decide(self._engine, entry_id, payload, accepted_at)
                 )
             except _TakenError:
-                return True  # another replica decided it
+                return time.monotonic() - started  # another replica decided it
             except CommitError:
                 log.warning("inbox entry %d: the store did not commit; retrying", entry_id)
                 self._stop.wait(_RETRY_SECONDS)
@@ -303,10 +322,11 @@ class Decider:
                     log.warning("inbox entry %d: deciding failed (%r); retrying", entry_id, exc)
                     self._stop.wait(_RETRY_SECONDS)
                     continue
-                return self._fail(entry_id, repr(exc))
+                failed = self._fail(entry_id, repr(exc))
+                return time.monotonic() - started if failed else None
             self._decided(payload, result, planned, at - accepted_at)
-            return True
-        return False
+            return time.monotonic() - started
+        return None
 
     def _decided(
         self, payload: WebhookPayload, result: WebhookResult, planned: Planned, lag: float

@@ -86,6 +86,16 @@ class Settings(BaseSettings):
         "takes to notice.",
     )
 
+    # --- the inbox ---
+    decide_within_seconds: float = Field(
+        default=15.0,
+        ge=0,
+        description="While notifications keep arriving, deciding defers to accepting them "
+        "until the oldest undecided notification has waited this long; past it, deciding "
+        "takes a fifth of the time. An alert's own delay (rule evaluation, its for:, "
+        "Alertmanager's group_wait) is longer than this.",
+    )
+
     # --- directives ---
     long_poll_max_seconds: float = Field(default=30.0, gt=0)
     directive_ttl_seconds: float = Field(default=3600.0, gt=0)
