@@ -17,6 +17,7 @@ from trainguard.triage.detectors.straggler import (
     MIN_BENCHMARKS,
     MIN_REPORTS,
     MIN_SAMPLES,
+    MIN_SUMMARIES,
     StragglerDetector,
 )
 from trainguard.triage.findings import Finding
@@ -300,4 +301,79 @@ def test_relax_healthy_totals_and_a_cut_list_accuse_no_one() -> None:
     at = next(i for i, line in enumerate(lines) if "fwd_ms_by_rank" in line) + 3
     assert lines[at].strip() == "12.9,"
     log = "\n".join([*lines[:at], "rank 1 step_time=0.5", *lines[at + 1 :]]) + "\n"
+    assert scan(log) == []
+
+
+def pytscope_rows(compute_ms: list[float], straggler: int | None, styled: bool = False) -> str:
+    """The per-rank block of pytscope's run report. Sumu004/trainscope 58f0938
+    trainscope/report/cli_report.py:
+    f"    rank {rs.rank}: {rs.mean_compute * 1e3:7.2f} ms · "
+    f"{rs.slowest_fraction * 100:4.0f}% (z={rs.straggler_z:+.1f}){flag}"; styled, as
+    pytscope/report/cli_report.py c41a92d prints it to a terminal: the straggler's label in
+    "\x1b[1;31m...\x1b[0m" and a ten-segment bar of its critical-path share after the dot."""
+    lines = [
+        "  mean step wall 4.4 ms · comm 42% · imbalance CV 0.37",
+        "  per-rank compute (ms/step) · % steps on critical path:",
+    ]
+    for rank, ms in enumerate(compute_ms):
+        slow = rank == straggler
+        share, z = (1.0, 14.1) if slow else (0.0, -14.1)
+        flag = "  <- straggler" if slow else ""
+        label, bar = f"rank {rank}", ""
+        if styled:
+            label = f"\x1b[1;31m{label}\x1b[0m" if slow else label
+            bar = "\x1b[31m" + "█" * round(share * 10) + "\x1b[0m"
+            bar += "\x1b[2m" + "░" * (10 - round(share * 10)) + "\x1b[0m "
+        lines.append(f"    {label}: {ms:7.2f} ms · {bar}{share * 100:4.0f}% (z={z:+.1f}){flag}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("styled", [False, True])
+def test_pytscope_report_names_the_rank_with_the_most_compute(styled: bool) -> None:
+    (finding,) = scan(pytscope_rows([1.15, 2.55], straggler=1, styled=styled))
+    fields = finding.fields
+    assert (fields["rank"], fields["metric"], fields["scope"]) == (1, "pytscope_compute", "rank")
+    assert fields["median_seconds"] == pytest.approx(0.00255)
+    assert fields["samples"] == MIN_SUMMARIES == 1  # a rank's mean over the whole run
+
+
+def test_pytscope_healthy_report_accuses_no_one_and_the_block_ends_with_its_rows() -> None:
+    assert scan(pytscope_rows([1.15, 1.19, 1.17, 1.16], straggler=None)) == []
+    # the line after the rows is read as any other: here a rank's own step times, rank 2 slow
+    steps = [f"[rank{r}]: step_time={t}" for r, t in enumerate([0.3, 0.3, 0.9])]
+    log = pytscope_rows([1.15, 1.19, 1.17], straggler=None) + "\n".join(steps * MIN_SAMPLES)
+    (finding,) = scan(log + "\n")
+    assert (finding.fields["rank"], finding.fields["metric"]) == (2, "step_time")
+
+
+def ddp_lab_rows(step_ms: list[float], data_ms: list[float], compute_ms: list[float]) -> str:
+    """duoan/playground-cuda bd8129de84 python/playground_cuda/ddp_lab.py, rank 0 after
+    all_gather_object: print(f"Slowest steady-state rank: {slowest_rank}") and, per rank,
+    f"rank={rank_id} step_ms={...:.2f} data_ms={...:.2f} compute_ms={...:.2f}"."""
+    slowest = max(range(len(step_ms)), key=step_ms.__getitem__)
+    lines = [f"Slowest steady-state rank: {slowest}", ""]
+    lines += [
+        f"rank={r} step_ms={s:.2f} data_ms={d:.2f} compute_ms={c:.2f}"
+        for r, (s, d, c) in enumerate(zip(step_ms, data_ms, compute_ms, strict=True))
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_ddp_lab_names_the_rank_slow_to_fetch_not_the_one_with_the_longest_step() -> None:
+    # rank 0 waits 40 ms for each batch; its compute_ms is the lowest (the others wait for it in
+    # the all-reduce) and the lab's own slowest rank is rank 1, by 0.35 ms of whole step
+    log = ddp_lab_rows(
+        [102.19, 102.54, 102.17, 102.31], [44.64, 0.75, 0.78, 0.81], [57.55, 101.79, 101.39, 101.5]
+    )
+    (finding,) = scan(log)
+    fields = finding.fields
+    assert (fields["rank"], fields["metric"]) == (0, "ddp_lab_data")
+    assert fields["slow_metrics"] == ["ddp_lab_data"]
+    assert fields["peer_median_seconds"] == pytest.approx(0.00078)
+
+
+def test_ddp_lab_healthy_run_accuses_no_one() -> None:
+    log = ddp_lab_rows(
+        [70.24, 70.15, 70.17, 69.97], [0.78, 0.92, 0.76, 0.87], [69.46, 69.23, 69.41, 69.09]
+    )
     assert scan(log) == []

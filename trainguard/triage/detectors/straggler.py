@@ -23,7 +23,10 @@ What differs is how the samples are read. Four kinds:
   each result is already the mean of repeated timed runs of one fixed kernel, the same on every
   rank, so one round suffices too. The Relax straggler prototype's 4-GPU check (a JSON dump with
   ``"fwd_ms_by_rank": [12.76, 12.96, 12.90, 34.01]``, one rank's forward total per entry) is
-  read the same way.
+  read the same way;
+* a per-rank summary printed once at the end of a run (pytscope's ``rank 1:    2.55 ms ·``
+  compute lines under their header, a DDP lab's ``rank=0 step_ms=... data_ms=44.64 ...``): each
+  figure is a rank's mean over the whole run, so one suffices.
 
 Timers that contain a collective or a wait (all-reduce, send/recv, sync, ...) are not compared:
 a collective ends when the last rank arrives, so in it the straggler waits least and the ranks
@@ -58,6 +61,8 @@ MIN_REPORTS = 3
 MIN_VERDICTS = 1
 # Rounds of a per-rank benchmark: each is the mean of repeated timed runs of one kernel.
 MIN_BENCHMARKS = 1
+# Per-rank summaries of a whole run: each is a rank's mean over every step of it.
+MIN_SUMMARIES = 1
 # Lines one Megatron "times across ranks" block may span before it is cut off.
 _MAX_BLOCK_LINES = 100_000
 
@@ -167,6 +172,34 @@ _RELAX_ROW = re.compile(rf"\s*(?:{_FLOAT}\s*,?\s*)*(?:\]\s*,?\s*)?")
 # Values one list may hold before it is cut off (a rank each).
 _MAX_LIST = 100_000
 
+# 8. pytscope's run report (Sumu004/trainscope, named trainscope until 778ed87; PyPI pytscope),
+#    ``pytscope analyze <run>``: under ``per-rank compute (ms/step) · % steps on critical path:``
+#    one line per rank, ``f"    rank {rs.rank}: {rs.mean_compute * 1e3:7.2f} ms · "
+#    f"{rs.slowest_fraction * 100:4.0f}% (z={rs.straggler_z:+.1f}){flag}"``
+#    (trainscope/report/cli_report.py 58f0938); since 0a94f60 a terminal gets the rank styled
+#    with ANSI colours and a bar after the dot (pytscope/report/cli_report.py c41a92d).
+#    ``mean_compute`` is the rank's mean local compute per step, its collectives left out
+#    (trainscope/analyzers/distributed.py), so it is compared. The header is the needle and the
+#    rows its block: a needle of the rows' own text (`` ms · ``, which the report's other lines
+#    share too) would cost 6% of the throughput, the header 2%.
+_PYTSCOPE_HEADER = "per-rank compute (ms/step)"
+_PYTSCOPE_ROW = re.compile(rf"\s*rank (?P<rank>\d+):\s+(?P<ms>{_FLOAT}) ms \u00b7 ")
+# Ranks one block may list before it is cut off.
+_MAX_ROWS = 100_000
+
+# 9. The DDP lab of duoan/playground-cuda (bd8129de84, python/playground_cuda/ddp_lab.py): rank 0
+#    gathers every rank's per-step times (all_gather_object) and prints their steady-state means,
+#    ``f"rank={rank_id} step_ms={...:.2f} data_ms={...:.2f} compute_ms={...:.2f}"``. ``data_ms``
+#    times the rank's own batch fetch and is compared; ``step_ms`` is the whole step (equal on
+#    every rank) and ``compute_ms`` runs from the fetch to the end of optimizer.step(), the
+#    gradient all-reduce included (the straggler waits least in it): neither is compared. The
+#    lab's own ``Slowest steady-state rank:`` line picks the largest step_ms, so it is not read.
+#    The needle is the row's longest fixed run (the longer, the cheaper to search for).
+_DDP_LAB_KEY = " compute_ms="
+_DDP_LAB = re.compile(
+    rf"\brank=(?P<rank>\d+) step_ms={_FLOAT} data_ms=(?P<data>{_FLOAT}) compute_ms={_FLOAT}"
+)
+
 # Timers holding a collective, a point-to-point transfer or a wait, by the names Megatron
 # (megatron/training/training.py timers_to_log: *-all-reduce, all-grads-sync,
 # params-all-gather, *-send/-recv, and the optimizer steps that all-reduce a flag or a norm:
@@ -183,12 +216,19 @@ _WAITING_TIMER = re.compile(
 # rank_of's fallback is the file name's rank; a rank named in the message comes before it
 _NO_HINT = Source("")
 
-_PER_STEP, _REPORT, _VERDICT, _BENCHMARK = "per-step", "report", "verdict", "benchmark"
+_PER_STEP, _REPORT, _VERDICT, _BENCHMARK, _SUMMARY = (
+    "per-step",
+    "report",
+    "verdict",
+    "benchmark",
+    "summary",
+)
 _NEEDED = {
     _PER_STEP: MIN_SAMPLES,
     _REPORT: MIN_REPORTS,
     _VERDICT: MIN_VERDICTS,
     _BENCHMARK: MIN_BENCHMARKS,
+    _SUMMARY: MIN_SUMMARIES,
 }
 
 
@@ -228,9 +268,18 @@ class StragglerDetector:
         _TRACEML_KEY,
         _GREYHOUND_KEY,
         _RELAX_KEY,
+        _PYTSCOPE_HEADER,
+        _DDP_LAB_KEY,
     )
     # every keyword holds one of them
-    needles: tuple[str, ...] = ("time", _TRACEML_KEY, _GREYHOUND_KEY, _RELAX_KEY)
+    needles: tuple[str, ...] = (
+        "time",
+        _TRACEML_KEY,
+        _GREYHOUND_KEY,
+        _RELAX_KEY,
+        _PYTSCOPE_HEADER,
+        _DDP_LAB_KEY,
+    )
 
     @classmethod
     def from_thresholds(cls, thresholds: Thresholds) -> StragglerDetector:
@@ -253,6 +302,9 @@ class StragglerDetector:
         # Inside a Relax "fwd_ms_by_rank" list: the rank its next value belongs to (None outside).
         self._list_rank: int | None = None
         self._list_source = ""
+        # Inside a pytscope per-rank block: the rows read so far (None outside).
+        self._rows: int | None = None
+        self._rows_source = ""
 
     # --- reading ----------------------------------------------------------------------------
     def feed(self, line: str, where: Location, source: Source) -> bool:
@@ -260,6 +312,10 @@ class StragglerDetector:
             if self._list_source == source.name and _RELAX_ROW.fullmatch(line):
                 return self._relax_values(line, where)
             self._list_rank = None  # cut short (a truncated excerpt): read the line below
+        if self._rows is not None:
+            if self._rows_source == source.name and self._pytscope_row(line, where):
+                return True
+            self._rows = None  # the block ended; the line may be anything, read it below
         if self._block_lines and self._block_source == source.name:
             if self._block_row(line, where):
                 return True
@@ -278,6 +334,12 @@ class StragglerDetector:
             return False
         if _GREYHOUND_KEY in line:
             self._greyhound(line, where)
+            return False
+        if _PYTSCOPE_HEADER in line:
+            self._rows, self._rows_source = 0, source.name
+            return True
+        if _DDP_LAB_KEY in line:
+            self._ddp_lab(line, where)
             return False
         opened = line.find(_RELAX_KEY)
         if opened != -1:
@@ -338,6 +400,22 @@ class StragglerDetector:
         if match:
             avg_ms = float(match["avg"])
             self._add("greyhound_gemm", int(match["rank"]), avg_ms / 1000.0, where, _BENCHMARK)
+
+    def _pytscope_row(self, line: str, where: Location) -> bool:
+        """A rank's line of a pytscope block; False when the block has ended."""
+        match = _PYTSCOPE_ROW.match(line)
+        if match is None or self._rows is None or self._rows >= _MAX_ROWS:
+            return False
+        self._rows += 1
+        ms = float(match["ms"])
+        self._add("pytscope_compute", int(match["rank"]), ms / 1000.0, where, _SUMMARY)
+        return True
+
+    def _ddp_lab(self, line: str, where: Location) -> None:
+        match = _DDP_LAB.search(line)
+        if match:
+            ms = float(match["data"])
+            self._add("ddp_lab_data", int(match["rank"]), ms / 1000.0, where, _SUMMARY)
 
     def _relax_values(self, text: str, where: Location) -> bool:
         """The values of a Relax list in ``text``; True while the list goes on past it."""
