@@ -22,6 +22,7 @@ from tests.remediation.conftest import (
     notify,
     payload,
     rows,
+    runtime_of,
     serve,
     wait_for,
 )
@@ -33,6 +34,7 @@ from tests.remediation.fakes import (
     with_policy,
 )
 from trainguard import contract
+from trainguard.remediation import incidents
 from trainguard.remediation.app import create_app
 from trainguard.remediation.settings import Settings
 
@@ -485,3 +487,30 @@ def test_a_removed_node_is_acted_on_again_once_it_is_back_in_its_job(
         contract.Action.EXCLUDE_NODE,
         contract.Action.RESTART_FROM_CHECKPOINT,
     ]
+
+
+def test_the_actions_a_storm_held_back_are_counted_for_the_verifier_not_read_one_by_one(
+    settings: Settings, tmp_path: Path, recorder: RecordingExecutor
+) -> None:
+    # A storm of one job's alerts: the first restart is carried out, the cooldown holds back
+    # the other 299, all in the one incident. The verifier reads the rung's held-back actions
+    # as a count (it runs every few seconds for every open incident, whatever the storm's size)
+    # and judges the rung by the restart that was carried out.
+    storm = [
+        alert("TrainingRankDown", fingerprint=f"r{i}", job_id="j1", node="n1", rank=str(i))
+        for i in range(300)
+    ]
+    with serve(with_policy(settings, tmp_path, _ladder(restart_seconds=600)), recorder) as client:
+        _send(client, *storm)
+        wait_for(lambda: len(recorder.executed) == 1)
+        wait_for(lambda: _only_incident(client)["state"] == "verifying")
+        (incident,) = runtime_of(client).store.read(incidents.open_incidents)
+        view = _only_incident(client)
+    assert [(a.action.value, a.state.value) for a in incident.actions] == [
+        ("restart_from_checkpoint", "succeeded")
+    ]
+    assert (incident.rung, incident.held_repairs) == (0, 299)
+    assert incident.held_last_at is not None
+    held = [t for t in view["tried"] if t["state"] == "suppressed"]
+    assert len(held) == 299
+    assert all(t["verdict"].startswith("held back: cooldown") for t in held)

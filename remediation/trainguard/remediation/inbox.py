@@ -70,10 +70,10 @@ _RETRY_SECONDS = 1.0
 # and the store's writer first; with no notification arriving it decides flat out. Within the
 # lag allowed (decide_within) deciding takes 1 / (1 + _DEFER) of the time: its units hold the
 # writer for milliseconds, and every answer queued behind one waits that long (measured with
-# benchmarks/remediation_load.py on an idle machine: deciding at a fifth, the intake reached
-# 0.48-0.57 of the floor, p99 2.0-2.6x; at 1/51, 0.62-0.66 and 1.9-2.0x, as with no deciding at
-# all until the storm paused). Past it, 1 / (1 + _YIELD), so the inbox keeps draining however
-# long a storm lasts.
+# benchmarks/remediation_load.py on an idle machine, rounds against the floor: deciding at a
+# fifth throughout, 0.64-0.72 of its alerts/s and p99 1.68-1.93x; at 1/51, 0.72-0.87 and
+# 1.18-1.62x). Past it, 1 / (1 + _YIELD), so the inbox keeps draining however long a storm
+# lasts.
 _DEFER = 50.0
 _YIELD = 4.0
 # Tries of a notification whose unit fails before it is marked failed.

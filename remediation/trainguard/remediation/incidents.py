@@ -135,10 +135,22 @@ _ALERTS_OF = text(f"""
               GROUP BY f.name)
     ORDER BY a.id
     """)
-_ACTIONS_OF = text("""
+_HELD_SQL = ", ".join(f"'{state.value}'" for state in HELD_STATES)
+# The actions the verifier needs one by one: those not held back. A storm's alerts each plan an
+# action that the guards hold back (a cooldown, the budget), all of them in the incident; read
+# one by one, every open incident cost the verifier (and the GIL every request needs) time in
+# proportion to the storm, every turn. Held-back actions need no verdict of the verifier's
+# (the view's default says "held back" and why), so their rung's count and latest time suffice.
+_ACTIONS_OF = text(f"""
     SELECT a.id, ia.rung, a.action, a.state, a.reason, a.created_at, a.updated_at
     FROM incident_actions ia JOIN actions a ON a.id = ia.action_id
-    WHERE ia.incident_id = :id ORDER BY a.id
+    WHERE ia.incident_id = :id AND a.state NOT IN ({_HELD_SQL}) ORDER BY a.id
+    """)
+_HELD_ON_RUNG = text(f"""
+    SELECT COALESCE(SUM(CASE WHEN a.action != '{Action.RECOMMEND.value}' THEN 1 ELSE 0 END), 0),
+        MAX(a.updated_at)
+    FROM incident_actions ia JOIN actions a ON a.id = ia.action_id
+    WHERE ia.incident_id = :id AND ia.rung = :rung AND a.state IN ({_HELD_SQL})
     """)
 _DEFERRED_OF = text("""
     SELECT 1 FROM deferred d JOIN incident_alerts ia ON ia.alert_id = d.alert_id
@@ -342,7 +354,11 @@ class OpenIncident:
     rung_started_at: float
     ladder: AlertFacts
     alerts: tuple[AlertFacts, ...]  # the first, the ladder's, one firing alert per name
-    actions: tuple[ActionFacts, ...]
+    actions: tuple[ActionFacts, ...]  # every rung's, less those held back
+    # The current rung's actions held back: how many were repairs (not advice), and when the
+    # latest of them was decided (None when none was held back).
+    held_repairs: int
+    held_last_at: float | None
     deferred: bool
     first_evidence_at: float | None
     detected_at: float
@@ -400,6 +416,9 @@ def _open_incident(conn: Connection, incident_id: int) -> OpenIncident | None:
         )
         for a in conn.execute(_ACTIONS_OF, {"id": incident_id}).mappings()
     )
+    held_repairs, held_last_at = conn.execute(
+        _HELD_ON_RUNG, {"id": incident_id, "rung": row["rung"]}
+    ).one()
     failure = row["failure"]
     return OpenIncident(
         id=incident_id,
@@ -413,6 +432,8 @@ def _open_incident(conn: Connection, incident_id: int) -> OpenIncident | None:
         ladder=ladder,
         alerts=alerts,
         actions=actions,
+        held_repairs=int(held_repairs),
+        held_last_at=None if held_last_at is None else float(held_last_at),
         deferred=conn.execute(_DEFERRED_OF, {"id": incident_id}).first() is not None,
         first_evidence_at=row["first_evidence_at"],
         detected_at=float(row["detected_at"]),

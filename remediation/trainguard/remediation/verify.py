@@ -47,7 +47,7 @@ from trainguard.contract import Action, IncidentOutcome, JobOutcome
 from trainguard.remediation import incidents
 from trainguard.remediation.actions import CATALOG, ActionKind
 from trainguard.remediation.engine import Engine
-from trainguard.remediation.incidents import HELD_STATES, UNFINISHED_STATES, OpenIncident
+from trainguard.remediation.incidents import UNFINISHED_STATES, OpenIncident
 from trainguard.remediation.metrics import Metrics
 from trainguard.remediation.models import ActionState, AlertStatus, IncidentState
 from trainguard.remediation.policy import Rule
@@ -302,12 +302,14 @@ class Verifier:
             acting = IncidentState.ACTING.value
             self._update(incident, changes, state=acting, deadline_at=None, note=f"{note}; {why}")
             return
-        repairs = [a for a in on_rung if a.action is not Action.RECOMMEND]
-        if repairs and all(a.state in HELD_STATES for a in repairs):
-            verdicts = {a.id: f"held back: {a.reason}" for a in repairs}
-            self._climb(incident, rule, now, verdicts, f"rung {incident.rung} held back", changes)
+        # Every repair of the rung held back (its actions read here are those not held back).
+        if incident.held_repairs and not any(a.action is not Action.RECOMMEND for a in on_rung):
+            self._climb(incident, rule, now, {}, f"rung {incident.rung} held back", changes)
             return
-        finished_at = max((a.updated_at for a in on_rung), default=incident.rung_started_at)
+        finished = [a.updated_at for a in on_rung]
+        if incident.held_last_at is not None:
+            finished.append(incident.held_last_at)
+        finished_at = max(finished, default=incident.rung_started_at)
         seconds = self._verify_seconds(incident, rule)
         deadline = finished_at + seconds
         if now < deadline:
@@ -318,12 +320,7 @@ class Verifier:
             verifying = IncidentState.VERIFYING.value
             self._update(incident, changes, state=verifying, deadline_at=deadline, note=note)
             return
-        verdicts = {
-            a.id: f"held back: {a.reason}"
-            if a.state in HELD_STATES
-            else f"did not recover within {seconds:g}s"
-            for a in on_rung
-        }
+        verdicts = {a.id: f"did not recover within {seconds:g}s" for a in on_rung}
         failed = f"rung {incident.rung} ({incident.rung_action}) did not recover it: {why}"
         self._climb(incident, rule, now, verdicts, failed, changes)
 
@@ -339,9 +336,7 @@ class Verifier:
         tried = {
             a.action
             for a in incident.actions
-            if a.rung == incident.rung
-            and a.action is not Action.RECOMMEND
-            and a.state not in HELD_STATES
+            if a.rung == incident.rung and a.action is not Action.RECOMMEND
         }
         # Several repairs on one rung (dump, then restart): the slowest one's deadline.
         return max(
@@ -432,11 +427,7 @@ class Verifier:
         verdicts: Mapping[int, str] | None = None,
     ) -> None:
         if recovered:
-            verdicts = {
-                a.id: "recovered" if a.state not in HELD_STATES else f"held back: {a.reason}"
-                for a in incident.actions
-                if a.rung == incident.rung
-            }
+            verdicts = {a.id: "recovered" for a in incident.actions if a.rung == incident.rung}
         values = {
             **changes,
             "state": IncidentState.CLOSED.value,
