@@ -28,7 +28,7 @@ from trainguard.contract import Failure, IncidentOutcome, JobOutcome
 from trainguard.diagnose import Report, diagnose
 from trainguard.diagnose.model import Setting
 from trainguard.diagnose.render import as_dict, markdown
-from trainguard.diagnose.validate import load_file
+from trainguard.diagnose.validate import IncidentsError, load_file, parse
 
 INCIDENTS = Path(__file__).parent / "incidents"
 TOKEN = "incidents-token"
@@ -105,7 +105,7 @@ def test_a_recovered_incident_says_what_was_done_and_when_training_recovered(
     assert incident["tried"] == [
         {"rung": 0, "action": "restart_from_checkpoint", "action_id": 41, "state": "succeeded",
          "at": datetime(2026, 12, 3, 3, 0, 48, tzinfo=timezone.utc).timestamp(),
-         "verdict": "recovered"}
+         "verdict": "recovered", "count": 1}
     ]  # fmt: skip
 
     # Prevent: the hang's settings, each citing this report's facts ...
@@ -196,6 +196,9 @@ def test_an_escalated_and_paged_incident_in_both_renderings(
         "not_recovered",
         "  - rung 1: `exclude_node` (action 51) failed at 2026-12-03 04:10:02 UTC; verdict "
         "not_recovered",
+        # The service lists the actions a guard held back alike on a rung once, with a count.
+        "  - rung 1: `exclude_node` (action 61 and 39 more alike) suppressed at 2026-12-03 "
+        "04:10:30 UTC; verdict held back: cooldown: exclude_node for strag-rank (28s ago)",
         "  - rung 2: `page` (action 52) succeeded at 2026-12-03 04:15:02 UTC; verdict paged",
     ]
     assert "- Escalated: from rung 0 (`recommend`) to rung 2 (`page`)." in validate
@@ -217,8 +220,21 @@ def test_an_escalated_and_paged_incident_in_both_renderings(
     assert (incident["outcome"], incident["job_outcome"]) == ("not_recovered", "lost")
     assert incident["recovered_at"] is None and incident["time_to_recover_seconds"] is None
     assert incident["time_to_detect_seconds"] == 300
-    assert [t["action"] for t in incident["tried"]] == ["recommend", "exclude_node", "page"]
+    assert [(t["action"], t["count"]) for t in incident["tried"]] == [
+        ("recommend", 1),
+        ("exclude_node", 1),
+        ("exclude_node", 40),
+        ("page", 1),
+    ]
     assert len(data["notes"]) == 2
+
+
+@pytest.mark.parametrize("count", [0, -3, "40", True])
+def test_a_tried_entry_with_a_count_that_is_no_positive_integer_is_named(count: Any) -> None:
+    (doc,) = [i for i in load_file(INCIDENTS / "escalated.json") if i.get("id") == 12]
+    doc["tried"][-1]["count"] = count
+    with pytest.raises(IncidentsError, match="'count' is not"):
+        parse(doc)
 
 
 def test_a_truncated_incidents_file_is_a_named_gap_and_the_report_stands(

@@ -489,19 +489,24 @@ def test_a_removed_node_is_acted_on_again_once_it_is_back_in_its_job(
     ]
 
 
-def test_the_actions_a_storm_held_back_are_counted_for_the_verifier_not_read_one_by_one(
+def _storm(size: int) -> list[dict[str, Any]]:
+    """One job's alerts of ``size`` ranks down on node n1."""
+    return [
+        alert("TrainingRankDown", fingerprint=f"r{i}", job_id="j1", node="n1", rank=str(i))
+        for i in range(size)
+    ]
+
+
+@both_backends
+def test_the_actions_a_storm_held_back_are_counted_not_listed_one_by_one(
     settings: Settings, tmp_path: Path, recorder: RecordingExecutor
 ) -> None:
     # A storm of one job's alerts: the first restart is carried out, the cooldown holds back
     # the other 299, all in the one incident. The verifier reads the rung's held-back actions
     # as a count (it runs every few seconds for every open incident, whatever the storm's size)
     # and judges the rung by the restart that was carried out.
-    storm = [
-        alert("TrainingRankDown", fingerprint=f"r{i}", job_id="j1", node="n1", rank=str(i))
-        for i in range(300)
-    ]
     with serve(with_policy(settings, tmp_path, _ladder(restart_seconds=600)), recorder) as client:
-        _send(client, *storm)
+        _send(client, *_storm(300))
         wait_for(lambda: len(recorder.executed) == 1)
         wait_for(lambda: _only_incident(client)["state"] == "verifying")
         (incident,) = runtime_of(client).store.read(incidents.open_incidents)
@@ -511,6 +516,34 @@ def test_the_actions_a_storm_held_back_are_counted_for_the_verifier_not_read_one
     ]
     assert (incident.rung, incident.held_repairs) == (0, 299)
     assert incident.held_last_at is not None
-    held = [t for t in view["tried"] if t["state"] == "suppressed"]
-    assert len(held) == 299
-    assert all(t["verdict"].startswith("held back: cooldown") for t in held)
+    # The view (and the page and diagnose that read it) lists the held-back restarts once.
+    acted, held = view["tried"]
+    assert (acted["state"], acted["count"]) == ("succeeded", 1)
+    assert (held["action"], held["state"], held["count"]) == (
+        "restart_from_checkpoint",
+        "suppressed",
+        299,
+    )
+    assert held["verdict"].startswith("held back: cooldown")
+    assert held["last_at"] >= held["at"] >= acted["at"]
+
+
+def test_the_page_after_a_storm_names_the_held_back_actions_once(
+    settings: Settings, tmp_path: Path, recorder: RecordingExecutor
+) -> None:
+    with alertmanager() as am:
+        live = with_policy(settings, tmp_path, _ladder()).model_copy(
+            update={"alertmanager_url": am.url}
+        )
+        with serve(live, recorder) as client:
+            _send(client, *_storm(300))
+            closed = _closed(client)
+    (page,) = am.received
+    description = page["annotations"]["description"]
+    (held,) = [t for t in closed["tried"] if t["state"] == "suppressed"]
+    assert held["count"] == 299
+    assert (
+        f"rung 0: restart_from_checkpoint (action #{held['action_id']} and 298 more alike) "
+        "suppressed, held back: cooldown"
+    ) in description
+    assert description.count("suppressed") == 1

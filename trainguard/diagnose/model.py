@@ -71,6 +71,9 @@ class RungTried:
     state: str
     at: float | None
     verdict: str
+    # The actions held back alike on the rung that this entry stands for (the service lists
+    # them once); 1 from a service that listed each.
+    count: int = 1
 
 
 @dataclass

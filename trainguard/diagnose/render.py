@@ -156,7 +156,9 @@ def _incident(i: IncidentRecord) -> list[str]:
         out.append("- Training did not recover.")
     out.append("- Done (each rung tried):")
     out += [
-        f"  - rung {t.rung}: `{t.action}` (action {t.action_id}) {t.state} at {utc(t.at)}"
+        f"  - rung {t.rung}: `{t.action}` (action {t.action_id}"
+        + (f" and {t.count - 1} more alike" if t.count > 1 else "")
+        + f") {t.state} at {utc(t.at)}"
         + (f"; verdict {t.verdict}" if t.verdict else "")
         for t in i.tried
     ] or [f"  - nothing yet (rung {i.rung}: `{i.rung_action}` planned)"]

@@ -182,7 +182,17 @@ def _rung(doc: Any) -> RungTried:
         state=_str(doc, "state"),
         at=_time(doc, "at"),
         verdict=str(doc.get("verdict") or ""),
+        count=_count(doc),
     )
+
+
+def _count(doc: Mapping[str, Any]) -> int:
+    if "count" not in doc:
+        return 1
+    count = _int(doc, "count")
+    if count < 1:
+        raise IncidentsError(f"'count' is not a positive integer: {count!r}")
+    return count
 
 
 def _since(start: float | None, end: float | None) -> float | None:

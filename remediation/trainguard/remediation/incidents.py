@@ -117,11 +117,6 @@ FROM incidents JOIN alerts ON alerts.id = incidents.alert_id
 """
 _INCIDENT_BY_ID = text(_INCIDENT_SQL + " WHERE incidents.id = :id")
 _INCIDENT_OF_ACTION = text("SELECT incident_id FROM incident_actions WHERE action_id = :id")
-_TRIED = text("""
-    SELECT ia.rung, ia.verdict, a.id, a.action, a.state, a.reason, a.created_at
-    FROM incident_actions ia JOIN actions a ON a.id = ia.action_id
-    WHERE ia.incident_id = :id ORDER BY a.id
-    """)
 _OPEN_IDS = text(f"SELECT id FROM incidents WHERE state != '{_CLOSED}' ORDER BY id")
 # The alerts the verifier needs of an incident, however many joined it (an alert storm joins
 # thousands): the first, the one whose rule sets the ladder, and one firing alert per name
@@ -145,6 +140,27 @@ _ACTIONS_OF = text(f"""
     SELECT a.id, ia.rung, a.action, a.state, a.reason, a.created_at, a.updated_at
     FROM incident_actions ia JOIN actions a ON a.id = ia.action_id
     WHERE ia.incident_id = :id AND a.state NOT IN ({_HELD_SQL}) ORDER BY a.id
+    """)
+# What an incident tried: each action not held back, and the held-back ones of a rung, action
+# and state as one entry (the first of them, how many, the latest): a storm holds back one
+# action per alert, and the view, the page's description and diagnose list these entries.
+_TRIED = text(f"""
+    SELECT * FROM (
+        SELECT ia.rung, ia.verdict, a.id, a.action, a.state, a.reason, a.created_at,
+            1 AS alike, a.created_at AS last_at
+        FROM incident_actions ia JOIN actions a ON a.id = ia.action_id
+        WHERE ia.incident_id = :id AND a.state NOT IN ({_HELD_SQL})
+        UNION ALL
+        SELECT held.rung, ia.verdict, a.id, a.action, a.state, a.reason, a.created_at,
+            held.alike, held.last_at
+        FROM (
+            SELECT ia.rung, MIN(a.id) AS first, COUNT(*) AS alike, MAX(a.created_at) AS last_at
+            FROM incident_actions ia JOIN actions a ON a.id = ia.action_id
+            WHERE ia.incident_id = :id AND a.state IN ({_HELD_SQL})
+            GROUP BY ia.rung, a.action, a.state
+        ) held
+        JOIN actions a ON a.id = held.first JOIN incident_actions ia ON ia.action_id = a.id
+    ) tried ORDER BY tried.id
     """)
 _HELD_ON_RUNG = text(f"""
     SELECT COALESCE(SUM(CASE WHEN a.action != '{Action.RECOMMEND.value}' THEN 1 ELSE 0 END), 0),
@@ -563,6 +579,8 @@ def _view(conn: Connection, row: RowMapping) -> IncidentView:
             or _default_verdict(
                 ActionState(t["state"]), t["reason"], state is not IncidentState.CLOSED
             ),
+            count=int(t["alike"]),
+            last_at=datetime.fromtimestamp(t["last_at"], tz=timezone.utc),
         )
         for t in conn.execute(_TRIED, {"id": row["id"]}).mappings()
     ]

@@ -231,7 +231,8 @@ class IncidentAlert(BaseModel):
 
 
 class TriedAction(BaseModel):
-    """An action of an incident, on the rung that tried it, and what the verifier made of it."""
+    """An action of an incident, on the rung that tried it, and what the verifier made of it;
+    or the actions held back alike on that rung (``count``)."""
 
     rung: int
     action: str
@@ -239,6 +240,12 @@ class TriedAction(BaseModel):
     state: str
     at: datetime = Field(description="When the action was decided.")
     verdict: str
+    count: int = Field(
+        default=1,
+        description="How many actions the entry stands for: the actions a guard or an operator "
+        "held back on one rung, of one action and state, are one entry (the first of them).",
+    )
+    last_at: datetime = Field(description="When the latest of them was decided.")
 
 
 class IncidentView(BaseModel):

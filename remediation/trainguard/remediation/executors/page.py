@@ -84,7 +84,9 @@ class PageExecutor:
             contract.LABEL_NODE: incident.alert.labels.get(contract.LABEL_NODE, ""),
         }
         tried = "; ".join(
-            f"rung {t.rung}: {t.action} (action #{t.action_id}) {t.state}"
+            f"rung {t.rung}: {t.action} (action #{t.action_id}"
+            + (f" and {t.count - 1} more alike" if t.count > 1 else "")
+            + f") {t.state}"
             + (f", {t.verdict}" if t.verdict else "")
             for t in incident.tried
             if t.action_id != action.id
