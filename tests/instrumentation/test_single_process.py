@@ -28,6 +28,7 @@ from trainguard.instrumentation import flight_recorder, tracing
 from trainguard.instrumentation.config import Identity
 from trainguard.instrumentation.errors import ErrorBudget
 from trainguard.instrumentation.hook import _job_id_from_rank0
+from trainguard.instrumentation.memory import MemorySample, MemorySampler
 from trainguard.instrumentation.metrics import RankMetrics
 from trainguard.instrumentation.watchdog import CollectiveWatchdog, StepClock
 from trainguard.logs import configure_logging
@@ -85,6 +86,28 @@ def test_plain_module_steps_phases_and_compute(tmp_path: Path) -> None:
         model(torch.zeros(2, 8))  # evaluation forwards are not steps
     handle.flush()
     assert sample(registry, "trainguard_steps_total") == 6
+    handle.uninstrument()
+
+
+def test_flush_returns_with_the_memory_of_its_steps_sampled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The worker samples memory after the steps of a wake: flush waits for that too (it once
+    # returned between the two, and the gauges read 0 on a loaded machine).
+    real = MemorySampler.sample
+
+    def slow(self: MemorySampler) -> MemorySample:
+        time.sleep(0.3)
+        return real(self)
+
+    monkeypatch.setattr(MemorySampler, "sample", slow)
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = instrument(model, optimizer, registry=(registry := CollectorRegistry()))
+    run_steps(model, optimizer, 2)
+    assert handle.flush()
+    assert sample(registry, "trainguard_steps_total") == 2
+    assert sample(registry, "trainguard_memory_allocated_bytes") > 0
     handle.uninstrument()
 
 

@@ -199,8 +199,9 @@ class StepWorker:
 
     def _drain(self) -> None:
         """Process every step in the inbox, then sample memory (once per wake: the gauges are
-        scraped every few seconds)."""
-        processed = False
+        scraped every few seconds). The items count as processed once the memory is sampled
+        too, so that :meth:`flush` returns with the gauges of its steps set."""
+        processed = 0
         while self._inbox:
             item = self._inbox.popleft()
             with self._errors.guard("worker"):
@@ -210,11 +211,11 @@ class StepWorker:
                     self._process(item)
                 elif self._ddp_timers:
                     self._take_timers(item.data)
-            self._processed += 1
-            processed = True
+            processed += 1
         if processed and self._memory is not None:
             with self._errors.guard("memory"):
                 self._sample_memory()
+        self._processed += processed
 
     # -- per step (worker thread) ---------------------------------------------------------------
     def _process(self, record: StepRecord) -> None:
