@@ -7,6 +7,11 @@ import json
 import math
 import re
 import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -120,3 +125,31 @@ def test_the_json_report_writes_non_finite_values_as_null() -> None:
     report = Report("job", 0.0, 1.0, 1.0, "http://prometheus:9090", charts=[chart])
     (data,) = json.loads(as_json(report))["charts"]
     assert data["data"]["p99"] == [[0.0, None], [1.0, None]]
+
+
+def test_diagnosing_dumps_on_two_threads_at_once_leaves_stdout_as_it_was(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The Flight Recorder analyzer prints; its output is captured. Two overlapping captures
+    # once left sys.stdout pointing at the first one's buffer.
+    from trainguard.diagnose import evidence
+    from trainguard.instrumentation import flight_recorder
+
+    def analyze(folder: Path, allow_incomplete: bool = False) -> list[Any]:
+        print("analyzer output")
+        time.sleep(0.3 if folder.name == "first" else 0.5)
+        return []
+
+    monkeypatch.setattr(flight_recorder, "analyze", analyze)
+    before = sys.stdout
+    dumps = [
+        evidence.StallDump(folder=tmp_path / name, ranks_dumped=[0]) for name in ("first", "second")
+    ]
+    first = threading.Thread(target=evidence._analyze, args=(dumps[0],))
+    second = threading.Thread(target=evidence._analyze, args=(dumps[1],))
+    first.start()
+    time.sleep(0.1)
+    second.start()
+    first.join()
+    second.join()
+    assert sys.stdout is before

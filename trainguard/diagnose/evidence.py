@@ -16,6 +16,7 @@ import contextlib
 import io
 import json
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,10 @@ FIELD_PROCESS_PID = "process.pid"
 # trainguard's own services log with the job's labels too (an alert's, an action's), from
 # processes that are no rank.
 _SERVICES = (contract.SERVICE_EXPORTER, contract.SERVICE_REMEDIATION)
+# sys.stdout is the process's: two threads' redirects that overlap restore it out of order and
+# leave it pointing at one's buffer (the fault matrix diagnoses four runs at once, and its own
+# lines vanished). One redirect at a time.
+_STDOUT_REDIRECT = threading.Lock()
 
 
 @dataclass
@@ -208,7 +213,7 @@ def _analyze(dump: StallDump) -> None:
     # The analyzer prints its findings; the report carries them instead.
     printed = io.StringIO()
     try:
-        with contextlib.redirect_stdout(printed):
+        with _STDOUT_REDIRECT, contextlib.redirect_stdout(printed):
             found = flight_recorder.analyze(dump.folder, allow_incomplete=True)
     except Exception as exc:
         # The analyzer is torch's and raises whatever it meets in a damaged dump; the report
