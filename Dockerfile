@@ -14,8 +14,7 @@ ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 # ---------------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS source
 WORKDIR /src
-# The whole distribution (.dockerignore keeps out tests, virtualenvs, caches and secrets): the
-# top-level packages are linked into trainguard/ and must travel with it.
+# The whole distribution (.dockerignore keeps out tests, virtualenvs, caches and secrets).
 COPY . .
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Runs many short real jobs (the demo trainer under torchrun: 2 "nodes" x 2 gloo ranks) against
 one real stack (Prometheus, Alertmanager, the remediation service and the exporter at the demo's
-speed, :mod:`trainguard.demo.stack`), each with one fault of :data:`CATALOGUE` on a random rank
+speed, :mod:`trainguard.demo.stack`), each with one fault of :data:`CATALOGUE` (every demo
+fault kind registered in ``trainguard.demo.faults``, at each of its factors) on a random rank
 at a random time, or none (healthy runs, +-10% compute jitter per rank and step, as many as the
 faulty runs together). A run is seeded (``--seed``), so a matrix can be replayed.
 
@@ -40,7 +41,7 @@ import httpx
 from trainguard import contract
 from trainguard.contract import Action, Alert, Failure
 from trainguard.demo.config import DemoConfig, Ports
-from trainguard.demo.faults import FaultKind, FaultLedger
+from trainguard.demo.faults import FaultKind, FaultLedger, fault_kinds
 from trainguard.demo.run import fetch_incidents, wait_ready
 from trainguard.demo.stack import (
     DEMO_THRESHOLDS,
@@ -132,39 +133,27 @@ def configured_delay(alert: Alert) -> float:
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """One kind of the catalogue: what is injected and what should catch and repair it."""
+    """One run kind of the matrix: a fault kind at one factor, and what should catch it."""
 
     name: str
     kind: FaultKind
-    factor: float = 1.5
-    alerts: tuple[Alert, ...] = ()
+    factor: float
 
     @property
     def failure(self) -> Failure:
         return self.kind.failure
 
     @property
+    def alerts(self) -> tuple[Alert, ...]:
+        return self.kind.alerts
+
+    @property
     def threshold_s(self) -> float:
         return min(configured_delay(a) for a in self.alerts)
 
 
-STALL_ALERTS = (Alert.TRAINING_COLLECTIVE_STALLED, Alert.TRAINING_STALLED)
-# A killed rank's whole worker group restarts, so TrainingRankDown (the rest of the job up)
-# cannot fire; the restart is what is seen.
-RANK_FAILURE_ALERTS = (Alert.TRAINING_RANK_RESTARTED,)
-CATALOGUE: tuple[FaultSpec, ...] = (
-    FaultSpec("straggler_1.2x", FaultKind.STRAGGLER, 1.2, (Alert.TRAINING_STRAGGLER,)),
-    FaultSpec("straggler_1.5x", FaultKind.STRAGGLER, 1.5, (Alert.TRAINING_STRAGGLER,)),
-    FaultSpec("straggler_2x", FaultKind.STRAGGLER, 2.0, (Alert.TRAINING_STRAGGLER,)),
-    FaultSpec("data_slow", FaultKind.DATA_SLOW, 1.5, (Alert.TRAINING_STRAGGLER,)),
-    FaultSpec("comm_slow", FaultKind.COMM_SLOW, 1.5, (Alert.TRAINING_STRAGGLER,)),
-    FaultSpec("hang", FaultKind.HANG, alerts=STALL_ALERTS),
-    FaultSpec("barrier_hang", FaultKind.BARRIER_HANG, alerts=STALL_ALERTS),
-    FaultSpec("kill", FaultKind.KILL, alerts=RANK_FAILURE_ALERTS),
-    FaultSpec("pg_error", FaultKind.PG_ERROR, alerts=RANK_FAILURE_ALERTS),
-    FaultSpec("oom", FaultKind.OOM, alerts=(Alert.TRAINING_OOM,)),
-    FaultSpec("memory_creep", FaultKind.MEMORY_CREEP, alerts=(Alert.TRAINING_OOM_RISK,)),
-    FaultSpec("data_stall", FaultKind.DATA_STALL, alerts=STALL_ALERTS),
+CATALOGUE: tuple[FaultSpec, ...] = tuple(
+    FaultSpec(name, kind, factor) for kind in fault_kinds() for name, factor in kind.matrix_runs()
 )
 HEALTHY = "healthy"
 
@@ -255,12 +244,8 @@ class Matrix:
 
     def job(self, plan: RunPlan) -> TrainingJob:
         spec = _spec(plan.fault)
-        faults = "" if spec is None else f"{spec.kind.value}:rank={plan.rank},at={plan.at_s}s"
-        if spec is not None and spec.kind in (
-            FaultKind.STRAGGLER,
-            FaultKind.DATA_SLOW,
-            FaultKind.COMM_SLOW,
-        ):
+        faults = "" if spec is None else f"{spec.kind.name}:rank={plan.rank},at={plan.at_s}s"
+        if spec is not None and spec.kind.slows:
             faults += f",factor={spec.factor}"
         with self._ports_lock:
             metrics_port = self._next_metrics_port

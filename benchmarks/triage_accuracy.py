@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from trainguard.thresholds import load_default
 from trainguard.triage import corpus
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "triage" / "corpus"
@@ -33,7 +34,7 @@ def main() -> int:
     except corpus.CorpusError as exc:
         print(f"triage_accuracy: {exc}", file=sys.stderr)
         return 2
-    score = corpus.score(excerpts)
+    score = corpus.score(excerpts, load_default())
     print(f"{'category':<14} {'score':>6} {'excerpts':>9} {'threads':>8}")
     for category, (share, count, threads) in score.by_category().items():
         print(f"{category:<14} {share:>6.1%} {count:>9} {threads:>8}")

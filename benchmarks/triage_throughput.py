@@ -25,6 +25,8 @@ from pathlib import Path
 
 import psutil
 
+from trainguard.thresholds import load_default
+from trainguard.triage.detectors import default_detectors
 from trainguard.triage.scanner import Scanner
 
 BLOCK_BYTES = 4 << 20
@@ -135,7 +137,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         log = Path(tmp) / "noise.log"
         size = write_log(log, args.size)
-        scanner = Scanner()
+        scanner = Scanner(default_detectors(load_default()))
         with RssSampler() as rss:
             # The scan's own thread: the sampler's CPU is not triage's.
             started, cpu_started = time.perf_counter(), time.thread_time()

@@ -1,15 +1,18 @@
 """trainguard: monitoring, alerting and remediation for distributed PyTorch training.
 
-The top-level package is the small shared core (names, event schema, CLI) and needs only the
-standard library. ``trainguard.instrument`` is imported lazily so that ``import trainguard``
-never pulls torch into a process that does not train (the exporter, the remediation service).
+This module is the package's façade for training scripts: ``trainguard.instrument(model,
+optimizer)``. It belongs to no layer (docs/design.md#layers): the hook is imported lazily, so that
+``import trainguard`` never pulls torch into a process that does not train (the exporter, the
+remediation service), and no part of trainguard imports this module.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from trainguard.version import VERSION
+
+__version__ = VERSION
 
 if TYPE_CHECKING:
     from trainguard.instrumentation import Instrumentation, InstrumentationConfig, instrument

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from trainguard import __version__
+from trainguard.version import VERSION
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -32,6 +32,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "trainguard.diagnose.cli",
         "write the incident report of a job: symptom, scope, root causes, advice, charts",
     ),
+    "catalogue": (
+        "trainguard.catalogue",
+        "write or check docs/catalogue.md, the failure catalogue as the code has it",
+    ),
 }
 
 
@@ -39,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainguard", description="Monitoring and remediation for distributed training."
     )
-    parser.add_argument("--version", action="version", version=f"trainguard {__version__}")
+    parser.add_argument("--version", action="version", version=f"trainguard {VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)

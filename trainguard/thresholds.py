@@ -1,9 +1,10 @@
 """The thresholds every judgement of trainguard uses, typed, from one file.
 
-``alerts/trainguard/alerts/thresholds.yml`` (packaged as ``trainguard.alerts``) is the one
-place a threshold lives: the alert rules are rendered from it, and ``trainguard diagnose`` and
-``trainguard triage`` judge by the same values. Where a consumer needs a different value on
-purpose, the file has its own key for it, with the reason beside it.
+``trainguard/thresholds.yml``, beside this module, is the one place a threshold lives: the alert
+rules are rendered from it, and ``trainguard diagnose`` and ``trainguard triage`` judge by the
+same values. Where a consumer needs a different value on purpose, the file has its own key for
+it, with the reason beside it. The file is read once, where a program starts (a command, the
+service's settings, a benchmark), and the ``Thresholds`` are passed down from there.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any
 
 import yaml
 
-# Where the packaged thresholds live (the alerts package ships them beside its rules).
-DEFAULT_PACKAGE = "trainguard.alerts"
+# Where the packaged thresholds live: beside this module, in the core every component reads.
+DEFAULT_PACKAGE = "trainguard"
 DEFAULT_FILE = "thresholds.yml"
 
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
@@ -31,6 +32,18 @@ _DURATION_UNIT = {
     "w": 7 * 86400,
     "y": 365 * 86400,
 }
+
+
+# The keys no one failure owns: every rate's window, a rank's warm-up, where alerts' scheduler
+# labels come from, the reliability rules' pace and the runbook's address. Every other key is
+# named by the failure that judges by it (``contract.FailureSpec.thresholds``).
+GENERAL_KEYS = (
+    "rate_window",
+    "warmup_steps",
+    "scheduler_labels_window",
+    "reliability_interval",
+    "runbook_base_url",
+)
 
 
 class ThresholdsError(ValueError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,10 @@ from tests.alerts.tools import (
     run,
 )
 from trainguard import cli, contract, thresholds
-from trainguard.alerts import rules
+from trainguard.alerts import rules, runbook
+from trainguard.alerts.rule import ALERT_RULES
+from trainguard.alerts.runbook import anchor_of, failure_outline
+from trainguard.alerts.runbook import sections as runbook_sections
 from trainguard.contract import Alert, Severity
 
 TRAINING_ALERTS = {a for a in Alert if a.value.startswith("Training")}
@@ -38,34 +42,6 @@ def load_rules() -> list[dict[str, Any]]:
 def thresholds_data() -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load(THRESHOLDS_FILE.read_text())
     return data
-
-
-# The flow every runbook section follows, in order (the runbook's introduction names it).
-RUNBOOK_PARTS = ("Symptom", "Scope", "Root cause", "Fix", "Prevention")
-
-
-# What each failure section (``## <failure>``) says, in order, before its alerts' sections.
-FAILURE_PARTS = ("Alerts", "Signals", "Default actions", "Triage", "Diagnose")
-
-
-def anchor_of(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, punctuation but ``-`` and ``_`` dropped."""
-    return re.sub(r"[^a-z0-9 _-]", "", heading.lower()).replace(" ", "-")
-
-
-def runbook_sections(text: str) -> dict[str, str]:
-    """Body of each section of a Markdown runbook (up to the next heading of any level), keyed
-    by its heading's anchor."""
-    sections: dict[str, str] = {}
-    chunks = re.split(r"^#+ (.+)$", text, flags=re.M)
-    for heading, body in zip(chunks[1::2], chunks[2::2], strict=True):
-        sections[anchor_of(heading)] = body
-    return sections
-
-
-def runbook_outline(text: str) -> list[tuple[int, str]]:
-    """(level, heading) of every heading of a Markdown runbook, in order."""
-    return [(len(m[1]), m[2]) for m in re.finditer(r"^(#+) (.+)$", text, flags=re.M)]
 
 
 def test_committed_rules_match_the_thresholds() -> None:
@@ -135,7 +111,7 @@ def test_every_contract_alert_has_a_complete_rule() -> None:
             contract.ANNOTATION_RUNBOOK_URL,
         }
         base, anchor = notes[contract.ANNOTATION_RUNBOOK_URL].split("#")
-        assert base == "alerts/trainguard/alerts/runbook.md"
+        assert base == "trainguard/alerts/runbook.md"
         assert anchor in headings, f"{name}: runbook has no section #{anchor}"
         text = notes[contract.ANNOTATION_DESCRIPTION]
         if Alert(name) in TRAINING_ALERTS:
@@ -154,35 +130,49 @@ def test_every_alert_runbook_section_has_the_five_parts() -> None:
             continue
         anchor = rule["annotations"][contract.ANNOTATION_RUNBOOK_URL].split("#")[1]
         parts = re.findall(r"^- \*\*(.+?)\*\*:", sections[anchor], flags=re.M)
-        assert tuple(parts) == RUNBOOK_PARTS, f"{rule['alert']}: runbook section has {parts}"
+        assert tuple(parts) == runbook.ALERT_PARTS, f"{rule['alert']}: runbook section has {parts}"
 
 
-def failure_outline(text: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-    """The runbook's outline up to its second top-level heading (the failures), and from there
-    on (the remediation service's own alerts)."""
-    outline = runbook_outline(text)
-    tops = [index for index, (level, _) in enumerate(outline) if level == 1]
-    end = tops[1] if len(tops) > 1 else len(outline)
-    return outline[:end], outline[end:]
-
-
-def test_the_runbook_has_a_section_per_failure_holding_its_alerts() -> None:
-    """``## <failure value>`` per failure (anchor == value), its alerts as ``### <Alert>``."""
-    outline, _ = failure_outline((ALERTS / "runbook.md").read_text())
+def test_the_runbook_agrees_with_the_catalogue() -> None:
+    """``## <failure value>`` per failure in catalogue order (anchor == value), each saying what
+    the catalogue says (summary, alerts, signals, thresholds, dashboards, default actions), its
+    alerts as ``### <Alert>`` in the five parts."""
+    text = runbook.packaged_text()
+    assert runbook.check(text) == []
+    outline, _ = failure_outline(text)
     failures = [heading for level, heading in outline if level == 2]
-    assert failures == [spec.runbook_anchor for spec in contract.FAILURES.values()]
     assert all(anchor_of(heading) == heading for heading in failures)
-    under: dict[str, list[str]] = {}
-    current = ""
-    for level, heading in outline:
-        if level == 2:
-            current = heading
-        elif level == 3:
-            under.setdefault(current, []).append(heading)
-        else:
-            assert level == 1 and not current, f"unexpected heading {heading!r}"
-    for failure, spec in contract.FAILURES.items():
-        assert under.get(failure.value, []) == [alert.value for alert in spec.alerts], failure
+
+
+def _swap_sections(text: str, first: str, second: str) -> str:
+    chunks = re.split(r"(?m)^(?=## |# )", text)
+    a = next(i for i, c in enumerate(chunks) if c.startswith(f"## {first}\n"))
+    b = next(i for i, c in enumerate(chunks) if c.startswith(f"## {second}\n"))
+    chunks[a], chunks[b] = chunks[b], chunks[a]
+    return "".join(chunks)
+
+
+@pytest.mark.parametrize(
+    ("spoil", "complaint"),
+    [
+        (lambda t: _swap_sections(t, "oom", "hang"), "not the catalogue's"),
+        (lambda t: t.replace("### TrainingOOMRisk\n", "### TrainingOomRisk\n"), "not its alerts"),
+        (lambda t: t.replace("`split_micro_batches`, `recommend`", "`recommend`"), "Default"),
+        (lambda t: t.replace("`straggler_min_ranks`, ", ""), "Thresholds"),
+        (lambda t: t.replace("- **Dashboards**: *GPUs* (`trainguard-gpus`).\n", "", 1), "parts"),
+        (
+            lambda t: t.replace("- **Fix**: for hardware Xids", "- **Remedy**: for hardware Xids"),
+            "parts",
+        ),
+    ],
+    ids=["order", "alert", "actions", "thresholds", "dashboards", "alert-parts"],
+)
+def test_the_runbook_check_names_what_disagrees(spoil: Any, complaint: str) -> None:
+    text = runbook.packaged_text()
+    spoiled = spoil(text)
+    assert spoiled != text
+    problems = runbook.check(spoiled)
+    assert problems and any(complaint in p for p in problems), problems
 
 
 def test_the_runbook_explains_the_remediation_services_page() -> None:
@@ -193,44 +183,31 @@ def test_the_runbook_explains_the_remediation_services_page() -> None:
     assert service[1:] == [(2, contract.REMEDIATION_FAILED_ALERT)], service
     body = runbook_sections(text)[anchor_of(contract.REMEDIATION_FAILED_ALERT)]
     parts = re.findall(r"^- \*\*(.+?)\*\*:", body, flags=re.M)
-    assert tuple(parts) == RUNBOOK_PARTS
+    assert tuple(parts) == runbook.ALERT_PARTS
     for label in (contract.LABEL_INCIDENT, contract.LABEL_RUNG, contract.LABEL_FAILURE):
         assert f"`{label}`" in body, label
 
 
-@pytest.mark.parametrize("spec", contract.FAILURES.values(), ids=lambda s: s.failure.value)
-def test_each_failure_section_says_what_the_catalogue_says(spec: contract.FailureSpec) -> None:
-    body = runbook_sections((ALERTS / "runbook.md").read_text())[spec.runbook_anchor]
-    assert spec.summary in body
-    parts = dict(re.findall(r"^- \*\*(.+?)\*\*: (.*?)(?=^- \*\*|\Z)", body, flags=re.M | re.S))
-    assert tuple(parts) == FAILURE_PARTS, parts.keys()
-    text = {name: " ".join(value.split()) for name, value in parts.items()}
-    links = re.findall(r"\]\(#([a-z0-9_-]+)\)", text["Alerts"])
-    assert links == [alert.value.lower() for alert in spec.alerts]
-    assert re.findall(r"`([a-z0-9_]+)`", text["Signals"]) == [m.name for m in spec.signals]
-    actions = re.findall(r"`([a-z_]+)`", text["Default actions"])
-    assert actions == [action.value for action in spec.actions]
-    for name, reference in (("Triage", spec.triage_detector), ("Diagnose", spec.diagnose_analysis)):
-        if reference is None:
-            assert text[name].startswith("none"), name
-        else:
-            module, _, attribute = reference.partition(":")
-            assert module in text[name] and attribute in text[name], (name, reference)
-
-
-def test_each_failure_module_renders_the_alerts_of_its_failures() -> None:
-    """Every alert's rules come from one module, the one owning its failure."""
+def test_each_failure_renders_its_own_alerts_from_the_module_named_after_it() -> None:
+    """Every alert's rules come from one module, named after the failure that owns it."""
     t = thresholds.load_default()
-    owner: dict[Alert, str] = {}
-    for module in rules.MODULES:
-        for rule in module.rules(t):
-            assert isinstance(rule.alert, Alert)
-            assert rule.failure in module.FAILURES, (module.__name__, rule.alert)
-            assert owner.setdefault(rule.alert, module.__name__) == module.__name__, rule.alert
-    assert set(owner) == set(Alert)
-    declared = [failure for module in rules.MODULES for failure in module.FAILURES]
-    with_alerts = {spec.failure for spec in contract.FAILURES.values() if spec.alerts}
-    assert len(declared) == len(set(declared)) and with_alerts <= set(declared)
+    rendered: list[Alert] = []
+    for spec, registered in contract.FAILURES.implementations(ALERT_RULES):
+        assert registered.__module__ == f"trainguard.alerts.{spec.failure.value}"
+        found = rules.rules_of(spec, t)
+        assert [rule.alert for rule in found] == sorted(
+            (rule.alert for rule in found), key=spec.alerts.index
+        )
+        rendered += dict.fromkeys(rule.alert for rule in found)
+    assert rendered == contract.FAILURES.alerts()
+    assert sorted(rendered) == sorted(Alert)
+
+
+def test_rules_of_refuses_a_module_that_renders_another_failures_alert() -> None:
+    spec = contract.FAILURES[contract.Failure.NCCL_ERROR]
+    stray = dataclasses.replace(spec, alerts=(Alert.GPU_NVML_DOWN,))
+    with pytest.raises(rules.RulesError, match="NcclSocketTransportFallback"):
+        rules.rules_of(stray, thresholds.load_default())
 
 
 def test_recording_rules_follow_level_metric_operation() -> None:
@@ -256,9 +233,7 @@ def test_rule_tests_cover_firing_and_silence_for_every_alert() -> None:
     silent: set[str] = set()
     for path in RULE_TESTS:
         document = yaml.safe_load(path.read_text())
-        assert document["rule_files"] == ["../../alerts/trainguard/alerts/trainguard.rules.yml"], (
-            path
-        )
+        assert document["rule_files"] == ["../../trainguard/alerts/trainguard.rules.yml"], path
         # The groups run as Prometheus lays them out: recording rules before the alerts that
         # read them (promtool's order is otherwise unspecified).
         assert document["group_eval_order"] == [
@@ -293,7 +268,7 @@ def test_rule_tests_catch_a_too_eager_straggler_factor(tmp_path: Path) -> None:
     """The jitter case must fail when the factor drops inside normal +-10% noise."""
     promtool = binary("promtool")
     eager = thresholds_data() | {"straggler_factor": 1.05}
-    rules_dir = tmp_path / "alerts" / "trainguard" / "alerts"
+    rules_dir = tmp_path / "trainguard" / "alerts"
     rules_dir.mkdir(parents=True)
     (rules_dir / "trainguard.rules.yml").write_text(
         rules.render(thresholds.Thresholds.from_mapping(eager))

@@ -13,9 +13,9 @@ import pytest
 from trainguard import contract
 
 REPO = Path(__file__).resolve().parents[2]
-ALERTS = REPO / "alerts" / "trainguard" / "alerts"
+ALERTS = REPO / "trainguard" / "alerts"
 RULES_FILE = ALERTS / "trainguard.rules.yml"
-THRESHOLDS_FILE = ALERTS / "thresholds.yml"
+THRESHOLDS_FILE = REPO / "trainguard" / "thresholds.yml"
 RULE_TESTS = sorted((REPO / "tests" / "alerts").glob("*.test.yml"))
 
 

@@ -66,10 +66,10 @@ def test_the_stored_suffix_is_checked_at_construction() -> None:
 
 
 def test_helper_constructors_add_the_stored_suffix() -> None:
-    assert contract._counter("things", "doc").name == "trainguard_things_total"
-    assert contract._counter("things_total", "doc").name == "trainguard_things_total"
-    assert contract._info("thing", "doc").name == "trainguard_thing_info"
-    assert contract._info("thing_info", "doc").name == "trainguard_thing_info"
+    assert contract.counter("things", "doc").name == "trainguard_things_total"
+    assert contract.counter("things_total", "doc").name == "trainguard_things_total"
+    assert contract.info("thing", "doc").name == "trainguard_thing_info"
+    assert contract.info("thing_info", "doc").name == "trainguard_thing_info"
     # NCCL_INFO is declared as "nccl": its name is still what Prometheus stores.
     assert contract.NCCL_INFO.name == "trainguard_nccl_info"
     assert contract.NCCL_INFO.client_name == "trainguard_nccl"

@@ -1,8 +1,8 @@
-"""Failure and action names are spelled in the contract only.
+"""Failure, cause and action names are spelled in the contract only.
 
-Every other module names a failure as ``contract.Failure.X`` and an action as
-``contract.Action.X``: a string literal equal to one of their values anywhere else in the
-sources is a second spelling that a rename would miss.
+Every other module names a failure as ``contract.Failure.X``, a diagnosed cause as
+``contract.Cause.X`` and an action as ``contract.Action.X``: a string literal equal to one of
+their values anywhere else in the sources is a second spelling that a rename would miss.
 """
 
 from __future__ import annotations
@@ -13,9 +13,13 @@ from pathlib import Path
 from trainguard import contract
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCE_ROOTS = ("trainguard", "alerts", "dashboards", "exporters", "instrumentation", "remediation")
-CONTRACT = REPO / "trainguard" / "contract.py"
-NAMES = {f.value for f in contract.Failure} | {a.value for a in contract.Action}
+SOURCES = REPO / "trainguard"
+CONTRACT = SOURCES / "contract"
+NAMES = (
+    {f.value for f in contract.Failure}
+    | {c.value for c in contract.Cause}
+    | {a.value for a in contract.Action}
+)
 
 
 def literals_naming_the_vocabulary(source: str) -> list[tuple[int, str]]:
@@ -36,10 +40,9 @@ def test_the_scan_sees_a_second_spelling() -> None:
 
 def test_no_failure_or_action_name_is_spelled_outside_the_contract() -> None:
     found = []
-    for root in SOURCE_ROOTS:
-        for path in sorted((REPO / root).rglob("*.py")):
-            if path == CONTRACT:
-                continue
-            for line, value in literals_naming_the_vocabulary(path.read_text()):
-                found.append(f"{path.relative_to(REPO)}:{line}: {value!r}")
-    assert not found, "use contract.Failure / contract.Action:\n" + "\n".join(found)
+    for path in sorted(SOURCES.rglob("*.py")):
+        if CONTRACT in path.parents:
+            continue
+        for line, value in literals_naming_the_vocabulary(path.read_text()):
+            found.append(f"{path.relative_to(REPO)}:{line}: {value!r}")
+    assert not found, "use contract.Failure / Cause / Action:\n" + "\n".join(found)

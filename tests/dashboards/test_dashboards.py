@@ -21,8 +21,9 @@ from tests.alerts.tools import (
 )
 from trainguard import cli, contract
 from trainguard.dashboards import build, panels
+from trainguard.thresholds import load_default
 
-DASHBOARD_DIR = REPO / "dashboards" / "trainguard" / "dashboards"
+DASHBOARD_DIR = REPO / "trainguard" / "dashboards"
 DASHBOARDS = sorted(DASHBOARD_DIR.glob("*.json"))
 PROVISIONING = REPO / "deploy" / "grafana" / "provisioning"
 # What Grafana puts in place of its own variables before the query reaches Prometheus.
@@ -185,7 +186,7 @@ def test_panel_ids_and_uids_are_unique(path: Path) -> None:
 
 def test_each_dashboard_has_its_own_module() -> None:
     """``trainguard.dashboards.<name>.dashboard()`` renders ``<name>.json``, one per module."""
-    stems = [make().uid.removeprefix("trainguard-") for make in build.DASHBOARDS]
+    stems = [make(load_default()).uid.removeprefix("trainguard-") for make in build.DASHBOARDS]
     modules = [make.__module__.rsplit(".", 1)[1] for make in build.DASHBOARDS]
     assert stems == modules
     assert sorted(stems) == [p.stem for p in DASHBOARDS]

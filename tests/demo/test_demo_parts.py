@@ -12,14 +12,10 @@ from typing import Any
 import pytest
 
 from trainguard.demo.config import DEMO_JOB_ID, DemoConfig
-from trainguard.demo.faults import (
-    DEFAULT_PLAN,
-    Fault,
-    FaultKind,
-    FaultLedger,
-    FaultPlanError,
-    parse_plan,
-)
+from trainguard.demo.faults import DEFAULT_PLAN, Fault, FaultLedger, FaultPlanError, parse_plan
+from trainguard.demo.faults.hang import HANG
+from trainguard.demo.faults.oom import OOM
+from trainguard.demo.faults.straggler import STRAGGLER
 from trainguard.demo.run import Reliability, incident_of
 from trainguard.demo.stack import SIMULATED_GPUS, exporter_gpu_args, write_configs
 from trainguard.remediation.policy import load_policy
@@ -27,14 +23,14 @@ from trainguard.remediation.policy import load_policy
 
 def test_the_default_plan() -> None:
     assert parse_plan(DEFAULT_PLAN) == [
-        Fault(FaultKind.STRAGGLER, 2, 20.0, 1.5),
-        Fault(FaultKind.HANG, 1, 60.0),
-        Fault(FaultKind.OOM, 0, 90.0),
+        Fault(STRAGGLER, 2, 20.0, 1.5),
+        Fault(HANG, 1, 60.0),
+        Fault(OOM, 0, 90.0),
     ]
     assert parse_plan("") == []
     assert parse_plan("oom:rank=3,at=1.5m; hang:rank=0,at=500ms") == [
-        Fault(FaultKind.OOM, 3, 90.0),
-        Fault(FaultKind.HANG, 0, 0.5),
+        Fault(OOM, 3, 90.0),
+        Fault(HANG, 0, 0.5),
     ]
 
 
@@ -59,9 +55,9 @@ def test_the_ledger_keeps_the_job_start_and_fires_once(tmp_path: Path) -> None:
     ledger = FaultLedger(tmp_path)
     started = ledger.job_started_at()
     assert FaultLedger(tmp_path).job_started_at() == started, "a restart keeps the start"
-    assert ledger.fired(FaultKind.HANG) is None
-    fired = ledger.fire(Fault(FaultKind.HANG, 1, 5.0), "node-a")
-    again = FaultLedger(tmp_path).fired(FaultKind.HANG)
+    assert ledger.fired(HANG) is None
+    fired = ledger.fire(Fault(HANG, 1, 5.0), "node-a")
+    again = FaultLedger(tmp_path).fired(HANG)
     assert again == fired and again.node == "node-a" and again.rank == 1
 
 
@@ -131,6 +127,6 @@ def test_a_fault_is_matched_to_the_first_incident_of_its_failure_after_it() -> N
     first = _incident("hang", "2026-12-03T10:00:40Z", "recovered")
     second = _incident("hang", "2026-12-03T10:02:00Z", "worse")
     other = _incident("oom", "2026-12-03T10:00:35Z", "recovered")
-    found = incident_of(FaultKind.HANG, injected, [second, before, other, first])
+    found = incident_of(HANG, injected, [second, before, other, first])
     assert found is first
-    assert incident_of(FaultKind.STRAGGLER, injected, [first, other]) is None
+    assert incident_of(STRAGGLER, injected, [first, other]) is None

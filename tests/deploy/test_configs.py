@@ -72,7 +72,7 @@ def test_prometheus_rule_files_resolve_to_our_rules_inside_the_container() -> No
             else:
                 parts.append(part)
         assert host_file("prometheus", PurePosixPath(*parts)) == (
-            REPO / "alerts" / "trainguard" / "alerts" / "trainguard.rules.yml"
+            REPO / "trainguard" / "alerts" / "trainguard.rules.yml"
         )
 
 
@@ -81,7 +81,7 @@ def test_promtool_checks_the_mounted_config_and_rules() -> None:
     config = host_file("prometheus", prometheus_config_path())
     result = run(promtool, "check", "config", config)
     assert result.returncode == 0, result.stdout + result.stderr
-    rules = host_file("prometheus", "/etc/trainguard/alerts/trainguard/alerts/trainguard.rules.yml")
+    rules = host_file("prometheus", "/etc/trainguard/trainguard/alerts/trainguard.rules.yml")
     result = run(promtool, "check", "rules", rules)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -258,7 +258,7 @@ def test_grafana_provisions_the_mounted_dashboards() -> None:
     (provider,) = load(next(folder.glob("*.yml")))["providers"]
     assert provider["type"] == "file"
     dashboards = host_file("grafana", provider["options"]["path"])
-    assert dashboards == REPO / "dashboards" / "trainguard" / "dashboards"
+    assert dashboards == REPO / "trainguard" / "dashboards"
     uids = {s["uid"] for s in grafana_datasources()}
     found = sorted(dashboards.glob("*.json"))
     assert found

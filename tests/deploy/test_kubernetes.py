@@ -44,9 +44,9 @@ from trainguard.dashboards.kubernetes import configmap_name, render_configmaps
 from trainguard.remediation.executors import ActionRecord
 from trainguard.remediation.executors.kubernetes import KubernetesExecutor
 from trainguard.remediation.settings import ConfigurationError, Settings
-from trainguard.thresholds import Thresholds
+from trainguard.thresholds import Thresholds, default_path
 
-ALERTS = REPO / "alerts" / "trainguard" / "alerts"
+ALERTS = REPO / "trainguard" / "alerts"
 PODMONITORS = KUBERNETES / "operator" / "podmonitors.yaml"
 AMC_FILE = KUBERNETES / "operator" / "alertmanagerconfig.yaml"
 EXAMPLE_JOB = KUBERNETES / "examples" / "training-job.yaml"
@@ -171,7 +171,7 @@ def test_validation_rejects_a_kind_it_has_no_schema_for() -> None:
 
 
 def thresholds() -> Thresholds:
-    return Thresholds.load(ALERTS / "thresholds.yml")
+    return Thresholds.load(default_path())
 
 
 def test_the_committed_prometheusrule_equals_a_fresh_generation() -> None:
@@ -191,7 +191,7 @@ def test_the_plain_overlay_s_rules_equal_a_fresh_generation() -> None:
 
 def test_the_committed_dashboard_configmaps_equal_a_fresh_generation() -> None:
     committed = (KUBERNETES / "base" / "dashboards.yaml").read_text()
-    assert committed == render_configmaps(), (
+    assert committed == render_configmaps(thresholds()), (
         "stale: trainguard dashboards --configmaps deploy/kubernetes/base/dashboards.yaml"
     )
 
@@ -237,12 +237,12 @@ def test_promtool_checks_the_rendered_prometheusrule(tmp_path: Path) -> None:
 
 def test_each_dashboard_is_a_sidecar_configmap_holding_the_dashboards_json() -> None:
     docs = objects(OPERATOR)
-    files = render_all()
+    files = render_all(thresholds())
     for name, text in files.items():
         configmap = find(docs, "ConfigMap", configmap_name(name))
         assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert configmap["data"] == {name: text}
-        assert text == (REPO / "dashboards" / "trainguard" / "dashboards" / name).read_text()
+        assert text == (REPO / "trainguard" / "dashboards" / name).read_text()
         # kubectl apply keeps the whole object in an annotation limited to 256 KiB.
         assert len(json.dumps(configmap)) < 256 * 1024
 
@@ -268,7 +268,9 @@ def test_the_datasource_the_dashboards_name_is_provisioned_for_the_sidecar(overl
     assert configmap["metadata"]["labels"]["grafana_datasource"] == "1"
     (text,) = configmap["data"].values()
     (source,) = yaml.safe_load(text)["datasources"]
-    used = set().union(*(_datasource_uids(json.loads(t)) for t in render_all().values()))
+    used = set().union(
+        *(_datasource_uids(json.loads(t)) for t in render_all(thresholds()).values())
+    )
     assert used == {source["uid"]}
     # The Prometheus this overlay's remediation service queries, too.
     (container,) = remediation_pod(overlay)["containers"]

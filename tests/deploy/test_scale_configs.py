@@ -40,7 +40,7 @@ SCALE = DEPLOY / "scale"
 COMPOSE = SCALE / "docker-compose.yml"
 SHARDS = sorted(SCALE.glob("prometheus-shard-*.yml"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
 SINGLE = DEPLOY / "prometheus.yml"
-RULES = REPO / "alerts" / "trainguard" / "alerts" / "trainguard.rules.yml"
+RULES = REPO / "trainguard" / "alerts" / "trainguard.rules.yml"
 # The relabelling that makes a shard (everything else is deploy/prometheus.yml's).
 SHARD_LABELS = {"__tmp_shard", "__tmp_shard_key"}
 # Flags only VictoriaMetrics' cluster binaries have, which Debian does not package: the one
@@ -234,7 +234,7 @@ def test_vmalert_reads_the_rules_file_and_talks_to_the_store_and_alertmanager() 
     assert vmalert["evaluationInterval"] == load(SINGLE)["global"]["evaluation_interval"]
     alertmanager = services()["alertmanager"]
     config = host_path("alertmanager", "/etc/alertmanager/alertmanager.yml")
-    assert config == REPO / "alerts" / "trainguard" / "alerts" / "alertmanager.yml"
+    assert config == REPO / "trainguard" / "alerts" / "alertmanager.yml"
     assert any(
         str(a).startswith("--config.file=/etc/alertmanager/") for a in alertmanager["command"]
     )

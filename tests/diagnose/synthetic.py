@@ -14,7 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainguard import contract
+from trainguard.thresholds import load_default
 
+# The thresholds the synthetic jobs are diagnosed by: the shipped ones.
+SHIPPED = load_default()
 INTERVAL = 15.0
 POINTS = 236  # the last hour, ending a minute before "now"
 GIB = float(1 << 30)

@@ -25,7 +25,9 @@ def oom_symptoms(report: Report) -> list[Symptom]:
 
 
 def test_memory_creeping_toward_capacity_names_the_rank(history: History) -> None:
-    report = diagnose(history.url, synthetic.MEMORY_CREEP, until=history.now)
+    report = diagnose(
+        history.url, synthetic.MEMORY_CREEP, until=history.now, thresholds=synthetic.SHIPPED
+    )
     assert report.failure is Failure.OOM
     (symptom,) = report.symptoms
     assert symptom.severity == 1 and symptom.ranks == [2]
@@ -44,7 +46,9 @@ def test_memory_creeping_toward_capacity_names_the_rank(history: History) -> Non
 
 
 def test_an_oom_outranks_the_risk_of_another_rank(history: History) -> None:
-    report = diagnose(history.url, synthetic.OOM_AND_RISK, until=history.now)
+    report = diagnose(
+        history.url, synthetic.OOM_AND_RISK, until=history.now, thresholds=synthetic.SHIPPED
+    )
     assert report.failure is Failure.OOM
     actual, risk = oom_symptoms(report)
     assert (actual.severity, actual.ranks) == (3, [1])
@@ -57,7 +61,9 @@ def test_an_oom_outranks_the_risk_of_another_rank(history: History) -> None:
 
 
 def test_a_healthy_job_has_no_oom_risk(history: History) -> None:
-    report = diagnose(history.url, synthetic.HEALTHY, until=history.now)
+    report = diagnose(
+        history.url, synthetic.HEALTHY, until=history.now, thresholds=synthetic.SHIPPED
+    )
     assert oom_symptoms(report) == [] and report.failure is None
 
 

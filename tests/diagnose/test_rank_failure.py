@@ -18,7 +18,9 @@ from tests.diagnose.conftest import History
 from trainguard.contract import Failure
 from trainguard.diagnose import Report, ScopeLevel, diagnose
 from trainguard.diagnose.render import as_json, markdown
+from trainguard.thresholds import load_default
 from trainguard.triage import Scanner
+from trainguard.triage.detectors import default_detectors
 
 LOGS = Path(__file__).parent / "logs"
 AGENT = "torch/distributed/elastic/multiprocessing/api.py:1002]"
@@ -32,7 +34,11 @@ def advised(report: Report) -> Report:
 
 
 def run(history: History, job_id: str, logs: Path) -> Report:
-    return advised(diagnose(history.url, job_id, until=history.now, logs=[str(logs)]))
+    return advised(
+        diagnose(
+            history.url, job_id, until=history.now, thresholds=synthetic.SHIPPED, logs=[str(logs)]
+        )
+    )
 
 
 def copy(job_id: str, tmp_path: Path, to_job: str | None = None) -> Path:
@@ -58,7 +64,7 @@ def append(path: Path, text: str) -> None:
 
 
 def test_triage_keeps_every_failed_worker_of_an_agent_with_its_time() -> None:
-    scanner = Scanner()
+    scanner = Scanner(default_detectors(load_default()))
     scanner.scan_paths([str(LOGS / synthetic.RANK_KILL / "agent-rank-kill-node-b.log")])
     (finding,) = scanner.findings()
     failed = finding.fields["agent_failures"]
@@ -158,7 +164,9 @@ def test_a_healthy_job_has_no_rank_failure_given_other_jobs_failures(history: Hi
 def test_a_node_excluded_on_purpose_is_no_rank_failure(history: History) -> None:
     """The survivors of an exclusion restart too (their peers are gone), but the job re-formed
     smaller: the straggler that caused the exclusion is the report's failure."""
-    report = advised(diagnose(history.url, synthetic.EXCLUDED, until=history.now))
+    report = advised(
+        diagnose(history.url, synthetic.EXCLUDED, until=history.now, thresholds=synthetic.SHIPPED)
+    )
     assert report.failure is Failure.STRAGGLER and report.symptoms[0].ranks == [2]
     (left,) = [s for s in report.symptoms if s.failure is Failure.RANK_FAILURE]
     assert left.severity == 1 and left.ranks == []
@@ -180,6 +188,7 @@ def test_a_restart_right_after_a_repair_is_the_repair_s(history: History) -> Non
             history.url,
             synthetic.RANK_KILL,
             until=history.now,
+            thresholds=synthetic.SHIPPED,
             logs=[str(LOGS / synthetic.RANK_KILL)],
             incidents=[incident],
         )

@@ -32,6 +32,7 @@ def test_a_stall_right_after_an_exclusion_is_its_teardown(history: History) -> N
         history.url,
         synthetic.HANG,
         until=history.now,
+        thresholds=synthetic.SHIPPED,
         incidents=[repaired_at(stall - 2, "exclude_node")],
     )
     (hang,) = [s for s in report.symptoms if s.failure is Failure.HANG]
@@ -45,6 +46,7 @@ def test_a_stall_long_before_the_repair_is_still_a_hang(history: History) -> Non
         history.url,
         synthetic.HANG,
         until=history.now,
+        thresholds=synthetic.SHIPPED,
         incidents=[repaired_at(stall + 120, "restart_from_checkpoint")],
     )
     assert report.failure is Failure.HANG and report.symptoms[0].severity == 3

@@ -12,13 +12,21 @@ from PIL import Image
 from tests.diagnose import synthetic
 from tests.diagnose.conftest import HangRun, History
 from trainguard.cli import main
+from trainguard.contract import Cause
 from trainguard.diagnose import Failure, Report, ScopeLevel, diagnose
 from trainguard.diagnose.charts import COLLECTIVE_AGE, HEATMAP, MEMORY, PHASES
 from trainguard.diagnose.render import markdown
 
 
 def run(history: History, job_id: str, out: Path, **kwargs: Any) -> Report:
-    return diagnose(history.url, job_id, until=history.now, charts_dir=out / "charts", **kwargs)
+    return diagnose(
+        history.url,
+        job_id,
+        until=history.now,
+        thresholds=synthetic.SHIPPED,
+        charts_dir=out / "charts",
+        **kwargs,
+    )
 
 
 def chart(report: Report, name: str) -> dict[str, Any]:
@@ -252,7 +260,7 @@ def test_xid_79_drains_the_node_of_the_dead_rank(history: History, tmp_path: Pat
     assert report.scope.level is ScopeLevel.NODE
     assert (report.scope.nodes, report.scope.gpus, report.scope.ranks) == (["xi-b"], ["2"], [6])
     top = report.candidates[0]
-    assert top.cause == "xid_79"
+    assert top.cause is Cause.GPU_XID and top.facts["xid"] == 79
     assert top.facts["drain"] == "now"
     assert any("Drain node xi-b now" in advice for advice in top.do_now)
     # The hang that follows is reported too, as a consequence waiting for rank 6.
@@ -387,7 +395,7 @@ def test_a_gpu_fallen_off_the_bus_without_an_xid_drains_its_node(
         "Jun 02 13:13:04 ok-a kernel: NVRM: GPU 0000:29:00.0: GPU has fallen off the bus.\n"
     )
     report = run(history, synthetic.HEALTHY, tmp_path, logs=[str(kern)])
-    (fault,) = [c for c in report.candidates if c.cause == "gpu_fallen_off_bus"]
+    (fault,) = [c for c in report.candidates if c.cause is Cause.GPU_DRIVER_EVENT]
     assert fault.facts["node"] == "ok-a" and fault.facts["event"] == "fallen_off_bus"
     assert fault.facts["drain"] == "now"  # like Xid 79, what it amounts to
     assert fault.do_now[0].startswith("Drain node ok-a now")

@@ -26,10 +26,13 @@ from trainguard.diagnose.model import Chart, Report
 from trainguard.diagnose.prometheus import PrometheusClient, PrometheusError, Series
 from trainguard.diagnose.render import as_json
 from trainguard.diagnose.signals import increments, promql_string, rule_query
+from trainguard.thresholds import load_default
+
+SHIPPED = load_default()
 
 
 def test_a_raw_rule_is_queried_with_its_expression_as_fallback() -> None:
-    query = rule_query(contract.REC_RANK_COMPUTE_MEAN, 'job_id="j"')
+    query = rule_query(contract.REC_RANK_COMPUTE_MEAN, 'job_id="j"', SHIPPED)
     recorded, raw = query.split("\nor\n")
     assert recorded == f'{contract.REC_RANK_COMPUTE_MEAN}{{job_id="j"}}'
     # Every raw selector of the rule's expression carries the job's matcher.
@@ -38,7 +41,7 @@ def test_a_raw_rule_is_queried_with_its_expression_as_fallback() -> None:
 
 
 def test_a_rule_reading_other_rules_is_queried_by_name_only() -> None:
-    assert rule_query(contract.REC_JOB_STALL_THRESHOLD, 'job_id="j"') == (
+    assert rule_query(contract.REC_JOB_STALL_THRESHOLD, 'job_id="j"', SHIPPED) == (
         f'{contract.REC_JOB_STALL_THRESHOLD}{{job_id="j"}}'
     )
 
@@ -111,7 +114,7 @@ def test_logs_give_events_of_this_job_and_triage_findings(tmp_path) -> None:
     )
     raw = tmp_path / "stderr.log"
     raw.write_bytes(b"\x00\x01binary\n" + OOM_LOG.encode())
-    evidence = read_logs([str(tmp_path), str(tmp_path / "missing.log")], "j")
+    evidence = read_logs([str(tmp_path), str(tmp_path / "missing.log")], "j", SHIPPED)
     (event,) = evidence.events
     assert (event.kind, event.rank, event.details) == ("oom", 1, {"tried_bytes": 1})
     assert evidence.other_jobs_skipped == 1
@@ -132,8 +135,7 @@ def test_diagnosing_dumps_on_two_threads_at_once_leaves_stdout_as_it_was(
 ) -> None:
     # The Flight Recorder analyzer prints; its output is captured. Two overlapping captures
     # once left sys.stdout pointing at the first one's buffer.
-    from trainguard.diagnose import evidence
-    from trainguard.instrumentation import flight_recorder
+    from trainguard.diagnose import evidence, flight_recorder
 
     def analyze(folder: Path, allow_incomplete: bool = False) -> list[Any]:
         print("analyzer output")

@@ -62,6 +62,7 @@ def test_a_recovered_incident_says_what_was_done_and_when_training_recovered(
         history.url,
         synthetic.HANG,
         until=history.now,
+        thresholds=synthetic.SHIPPED,
         dumps=hang.dumps,
         logs=[str(hang.logs)],
         incidents=load_file(INCIDENTS / "recovered.json"),
@@ -159,6 +160,7 @@ def test_a_checkpoint_in_the_logs_splits_the_restart_into_recompute_and_overhead
         history.url,
         synthetic.HANG,
         until=history.now,
+        thresholds=synthetic.SHIPPED,
         logs=[str(log)],
         incidents=load_file(INCIDENTS / "recovered.json"),
     )
@@ -351,7 +353,9 @@ def test_incidents_are_fetched_from_the_service_with_its_token(
 
 
 def test_without_incidents_validate_says_how_to_give_them(history: History) -> None:
-    report = diagnose(history.url, synthetic.HEALTHY, until=history.now)
+    report = diagnose(
+        history.url, synthetic.HEALTHY, until=history.now, thresholds=synthetic.SHIPPED
+    )
     assert report.validation is None
     assert "Not asked: give the remediation service (`--remediation-url`)" in section(
         markdown(report), 5
@@ -359,7 +363,13 @@ def test_without_incidents_validate_says_how_to_give_them(history: History) -> N
     assert as_dict(report)["validation"] is None
     assert "Nothing to change: no root cause found." in section(markdown(report), 6)
     # Asked, and there are none.
-    report = diagnose(history.url, synthetic.HEALTHY, until=history.now, incidents=[])
+    report = diagnose(
+        history.url,
+        synthetic.HEALTHY,
+        until=history.now,
+        thresholds=synthetic.SHIPPED,
+        incidents=[],
+    )
     assert "No incident of this job in the caller." in section(markdown(report), 5)
     assert as_dict(report)["validation"]["incidents"] == []
 
@@ -376,7 +386,13 @@ def test_fragmentation_is_prevented_by_expandable_segments_citing_the_free_share
 ) -> None:
     log = tmp_path / "rank1.log"
     log.write_text(synthetic.OOM_LOG)
-    report = diagnose(history.url, synthetic.OOM_FRAG, until=history.now, logs=[str(log)])
+    report = diagnose(
+        history.url,
+        synthetic.OOM_FRAG,
+        until=history.now,
+        thresholds=synthetic.SHIPPED,
+        logs=[str(log)],
+    )
     found = setting(report, "memory_fragmentation", "PYTORCH_CUDA_ALLOC_CONF")
     assert found.value == "expandable_segments:True"
     assert found.where == "every rank's environment"
@@ -402,7 +418,9 @@ def test_fragmentation_is_prevented_by_expandable_segments_citing_the_free_share
 def test_a_step_that_does_not_fit_gets_a_micro_batch_split_from_peak_and_capacity(
     history: History,
 ) -> None:
-    report = diagnose(history.url, synthetic.OOM_NO_FIT, until=history.now)
+    report = diagnose(
+        history.url, synthetic.OOM_NO_FIT, until=history.now, thresholds=synthetic.SHIPPED
+    )
     split = setting(report, "does_not_fit", "micro-batch size / gradient accumulation steps")
     # 74 GiB held of 80: under 85% of capacity (68 GiB) takes halving the activations.
     assert split.value == "micro-batch / 2, gradient_accumulation_steps x 2 (global batch kept)"
@@ -427,7 +445,13 @@ def test_the_oom_guard_s_own_split_wins_over_the_estimate(history: History, tmp_
              "trainguard": {"micro_batches": 4}}
         ) + "\n"
     )  # fmt: skip
-    report = diagnose(history.url, synthetic.OOM_NO_FIT, until=history.now, logs=[str(log)])
+    report = diagnose(
+        history.url,
+        synthetic.OOM_NO_FIT,
+        until=history.now,
+        thresholds=synthetic.SHIPPED,
+        logs=[str(log)],
+    )
     split = setting(report, "does_not_fit", "micro-batch size / gradient accumulation steps")
     assert split.value == "micro-batch / 4, gradient_accumulation_steps x 4 (global batch kept)"
     assert split.evidence == [
@@ -436,7 +460,9 @@ def test_the_oom_guard_s_own_split_wins_over_the_estimate(history: History, tmp_
 
 
 def test_a_data_bound_job_gets_loader_workers_scaled_by_its_data_wait(history: History) -> None:
-    report = diagnose(history.url, synthetic.DATA_BOUND, until=history.now)
+    report = diagnose(
+        history.url, synthetic.DATA_BOUND, until=history.now, thresholds=synthetic.SHIPPED
+    )
     loader = setting(report, "data_loading", "DataLoader(...)")
     # 0.3 s of data wait in a 0.6 s step whose other work is 0.3 s: twice as fast.
     assert loader.value == (
@@ -449,7 +475,9 @@ def test_a_data_bound_job_gets_loader_workers_scaled_by_its_data_wait(history: H
 
 
 def test_a_throttled_node_gets_an_elastic_minimum_and_a_health_check(history: History) -> None:
-    report = diagnose(history.url, synthetic.THERMAL, until=history.now)
+    report = diagnose(
+        history.url, synthetic.THERMAL, until=history.now, thresholds=synthetic.SHIPPED
+    )
     elastic = setting(report, "gpu_throttling", "torchrun --nnodes")
     assert elastic.value == "2:3"
     assert "on th-b; the job ran on 3 node(s)" in elastic.evidence[0]

@@ -27,7 +27,8 @@ import pytest
 from trainguard import contract
 from trainguard.demo.config import DEMO_JOB_ID, DemoConfig, Ports
 from trainguard.demo.run import TARGETS, DemoResult, run_demo
-from trainguard.instrumentation import flight_recorder, tracing, worker
+from trainguard.diagnose import flight_recorder as fr_analyzer
+from trainguard.instrumentation import tracing, worker
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +60,7 @@ def _binaries_or_skip() -> None:
 
 def _panel_queries() -> list[tuple[str, str, str]]:
     found = []
-    for path in sorted((REPO / "dashboards" / "trainguard" / "dashboards").glob("*.json")):
+    for path in sorted((REPO / "trainguard" / "dashboards").glob("*.json")):
         dashboard = json.loads(path.read_text())
 
         def walk(panel: dict[str, Any], name: str = path.stem) -> None:
@@ -217,7 +218,7 @@ def test_the_drill(tmp_path: Path) -> None:
 
     # The hang's dumps: torch's analyzer names the rank that never joined.
     (stall,) = sorted((cfg.dumps / DEMO_JOB_ID).glob("stall-*"))
-    mismatches = flight_recorder.analyze(stall)
+    mismatches = fr_analyzer.analyze(stall)
     assert set().union(*(m.missing_ranks for m in mismatches)) == {1}
 
     # Trace drill-down: exemplars are trace ids of exported spans, each holding the sync of

@@ -18,7 +18,7 @@ import pytest
 
 from trainguard.exporters.podresources import api_pb2, api_pb2_grpc
 
-ROOT = Path(__file__).parents[2] / "exporters"
+ROOT = Path(__file__).parents[2]
 PACKAGE = Path("trainguard/exporters/podresources")
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi")
 

@@ -25,7 +25,6 @@ from torch.nn.parallel import DistributedDataParallel
 import trainguard
 from trainguard import contract
 from trainguard.events import EVENTS_LOGGER
-from trainguard.instrumentation import flight_recorder
 
 # Four 256x256 layers with a 0.25 MB bucket cap: several gradient buckets per step.
 WIDTH = 256
@@ -520,4 +519,4 @@ def _reinstrument(
 
 
 def flight_recorder_dump_names(out: Path) -> list[str]:
-    return sorted(p.name for p in out.rglob(f"{flight_recorder.DUMP_PREFIX}*"))
+    return sorted(p.name for p in out.rglob(f"{contract.FLIGHT_RECORDER_DUMP_PREFIX}*"))

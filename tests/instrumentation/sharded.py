@@ -23,12 +23,18 @@ from prometheus_client.openmetrics.exposition import generate_latest
 from torch import nn
 
 import trainguard
+from tests.instrumentation import scenarios
+from tests.instrumentation.scenarios import (
+    _EventList,
+    labels_of,
+    loss_of,
+    span_rows,
+    step_totals,
+    value,
+)
 from trainguard import contract
 from trainguard.events import EVENTS_LOGGER
 from trainguard.instrumentation import flight_recorder
-
-from . import scenarios
-from .scenarios import _EventList, labels_of, loss_of, span_rows, step_totals, value
 
 FSDP2 = "fsdp2"
 FSDP1 = "fsdp1"

@@ -21,10 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch import nn
 
 import trainguard
+from tests.instrumentation import scenarios
+from tests.instrumentation.harness import run_ranks
 from trainguard import contract
-
-from . import scenarios
-from .harness import run_ranks
 
 STEPS = 6
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from tests.instrumentation import scenarios
+from tests.instrumentation.harness import run_ranks
 from trainguard import contract
-from trainguard.instrumentation import flight_recorder, tracing
+from trainguard.diagnose import flight_recorder as fr_analyzer
+from trainguard.instrumentation import tracing
 from trainguard.instrumentation.worker import MAX_STEPS_WITHOUT_TIMERS
-
-from . import scenarios
-from .harness import run_ranks
 
 STEPS = 5
 # scenarios.straggler: each rank's forward sleeps 40 ms, the slow rank's 1.6 times as long.
@@ -137,17 +137,17 @@ def test_a_sleeping_rank_is_caught_as_a_stall_and_named_by_the_dumps(
     folders = {Path(p).parent for r in results for p in r["dumps"]}
     assert len(folders) == 1, "every rank dumped into the same stall folder"
     (folder,) = folders
-    assert sorted(p.name for p in folder.glob(f"{flight_recorder.DUMP_PREFIX}*")) == [
-        f"{flight_recorder.DUMP_PREFIX}{r}" for r in range(3)
+    assert sorted(p.name for p in folder.glob(f"{contract.FLIGHT_RECORDER_DUMP_PREFIX}*")) == [
+        f"{contract.FLIGHT_RECORDER_DUMP_PREFIX}{r}" for r in range(3)
     ]
-    stacks = (folder / f"{flight_recorder.STACKS_PREFIX}{sleeper}.txt").read_text()
+    stacks = (folder / f"{contract.STACKS_DUMP_PREFIX}{sleeper}.txt").read_text()
     assert "time.sleep" in stacks or "sleep(" in stacks
     capfd.readouterr()
-    mismatches = flight_recorder.analyze(folder)
+    mismatches = fr_analyzer.analyze(folder)
     assert mismatches, "torch's analyzer finds the collective a rank never joined"
     assert {sleeper} == set().union(*(m.missing_ranks for m in mismatches))
     assert "missing ranks" not in capfd.readouterr().err, "its findings come back as values only"
-    assert not logging.getLogger(flight_recorder.ANALYZER_LOGGER).disabled
+    assert not logging.getLogger(fr_analyzer.ANALYZER_LOGGER).disabled
 
 
 def test_a_collective_hanging_between_steps_is_caught_too(tmp_path: Path) -> None:

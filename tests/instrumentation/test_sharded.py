@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from tests.instrumentation import scenarios, sharded
+from tests.instrumentation.harness import run_ranks
 from trainguard import contract
-from trainguard.instrumentation import flight_recorder, tracing
-
-from . import scenarios, sharded
-from .harness import run_ranks
+from trainguard.diagnose import flight_recorder as fr_analyzer
+from trainguard.instrumentation import tracing
 
 WORLD = 3
 SLOW_RANK = 1
@@ -265,13 +265,13 @@ def test_a_rank_that_never_joins_a_reduce_scatter_is_named(
     folders = {Path(p).parent for r in results for p in r["dumps"]}
     assert len(folders) == 1, "every rank dumped into the same stall folder"
     (folder,) = folders
-    assert sorted(p.name for p in folder.glob(f"{flight_recorder.DUMP_PREFIX}*")) == [
-        f"{flight_recorder.DUMP_PREFIX}{r}" for r in range(WORLD)
+    assert sorted(p.name for p in folder.glob(f"{contract.FLIGHT_RECORDER_DUMP_PREFIX}*")) == [
+        f"{contract.FLIGHT_RECORDER_DUMP_PREFIX}{r}" for r in range(WORLD)
     ]
-    stacks = (folder / f"{flight_recorder.STACKS_PREFIX}{sleeper}.txt").read_text()
+    stacks = (folder / f"{contract.STACKS_DUMP_PREFIX}{sleeper}.txt").read_text()
     assert "time.sleep" in stacks or "sleep(" in stacks
     capfd.readouterr()
-    mismatches = flight_recorder.analyze(folder)
+    mismatches = fr_analyzer.analyze(folder)
     assert mismatches, "torch's analyzer finds the collective a rank never joined"
     assert {sleeper} == set().union(*(m.missing_ranks for m in mismatches))
     for mismatch in mismatches:

@@ -24,7 +24,7 @@ import trainguard
 from tests.ports import free_port
 from trainguard import contract
 from trainguard.events import EVENTS_LOGGER
-from trainguard.instrumentation import flight_recorder, tracing
+from trainguard.instrumentation import tracing
 from trainguard.instrumentation.config import Identity
 from trainguard.instrumentation.errors import ErrorBudget
 from trainguard.instrumentation.hook import _job_id_from_rank0
@@ -430,7 +430,7 @@ def test_watchdog_reports_a_stall_once_and_flags_peers(tmp_path: Path, events: E
     (event,) = events.actions("collective_stalled")
     assert getattr(event, contract.FIELD_DETAILS)["collective_seq_id"] == 7
     folder = tmp_path / "job-w" / "stall-seq7"
-    assert (folder / f"{flight_recorder.STACKS_PREFIX}1.txt").exists()
+    assert (folder / f"{contract.STACKS_DUMP_PREFIX}1.txt").exists()
 
 
 def test_watchdog_stays_quiet_below_the_adaptive_threshold(tmp_path: Path) -> None:

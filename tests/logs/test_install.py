@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 from elasticsearch import Elasticsearch
 
+from tests.logs.fake_es import FakeElasticsearch
 from trainguard import cli
 from trainguard.logs.install import (
     DATA_VIEW_ID,
@@ -14,8 +15,6 @@ from trainguard.logs.install import (
     InstallError,
     Retention,
 )
-
-from .fake_es import FakeElasticsearch
 
 
 @pytest.fixture

@@ -13,13 +13,12 @@ from typing import Any
 import pytest
 from elasticsearch import Elasticsearch
 
+from tests.logs.fake_es import FakeElasticsearch
 from trainguard import contract
 from trainguard.events import log_event
 from trainguard.logs.install import DATA_VIEW_ID, ElasticsearchInstaller
 from trainguard.logs.shipper import DEAD_LETTER_FILE, ElasticsearchShipper, backoff_delay
 from trainguard.logs.spool import CURSOR_FILE
-
-from .fake_es import FakeElasticsearch
 
 STREAM = "logs-trainguard.rank-default"
 DRAIN = 15.0

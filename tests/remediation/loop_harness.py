@@ -45,7 +45,7 @@ from prometheus_client.exposition import MetricsHandler
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from tests.alerts.tools import ALERTS, binary
+from tests.alerts.tools import binary
 from tests.ports import free_port
 from trainguard import contract
 from trainguard.alerts import rules as alert_rules
@@ -58,7 +58,7 @@ from trainguard.prometheus_families import (
     histogram_family,
     info_family,
 )
-from trainguard.thresholds import Thresholds
+from trainguard.thresholds import Thresholds, default_path
 
 T = TypeVar("T")
 
@@ -82,7 +82,7 @@ POLL_SECONDS = 5.0
 
 def thresholds() -> dict[str, Any]:
     """The shipped thresholds with the loop's fast values."""
-    shipped: dict[str, Any] = yaml.safe_load((ALERTS / "thresholds.yml").read_text())
+    shipped: dict[str, Any] = yaml.safe_load(default_path().read_text())
     return {**shipped, **LOOP_THRESHOLDS}
 
 

@@ -11,12 +11,19 @@ import torch
 from torch import nn
 
 import trainguard
+from tests.remediation.conftest import (
+    AUTH,
+    TOKEN,
+    alert,
+    executors_with,
+    payload,
+    serve_http,
+    wait_for,
+)
 from trainguard import contract
 from trainguard.instrumentation.directives import Directive
 from trainguard.remediation.app import create_app
 from trainguard.remediation.settings import Settings
-
-from .conftest import AUTH, TOKEN, alert, executors_with, payload, serve_http, wait_for
 
 
 def _actions(url: str) -> dict[str, dict[str, object]]:

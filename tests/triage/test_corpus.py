@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.contract import Failure
+from trainguard.thresholds import load_default
 from trainguard.triage import corpus
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -33,7 +34,7 @@ def excerpts() -> list[corpus.Excerpt]:
 
 @pytest.fixture(scope="module")
 def score(excerpts: list[corpus.Excerpt]) -> corpus.Score:
-    return corpus.score(excerpts)
+    return corpus.score(excerpts, load_default())
 
 
 def test_corpus_has_enough_real_excerpts(excerpts: list[corpus.Excerpt]) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from trainguard.contract import Failure
+from trainguard.thresholds import load_default
 from trainguard.triage.detectors import default_detectors
 from trainguard.triage.scanner import Scanner
 
@@ -91,7 +92,7 @@ def rank_failures(tmp_path: Path, text: str, *also: Failure) -> list[dict[str, A
     """The rank_failure findings' fields; any other finding must be one of ``also``."""
     log = tmp_path / "torchrun.log"
     log.write_text(text)
-    scanner = Scanner(default_detectors())
+    scanner = Scanner(default_detectors(load_default()))
     scanner.scan_paths([str(log)])
     findings = [f.to_json() for f in scanner.findings()]
     assert {f["failure"] for f in findings} <= {

@@ -14,6 +14,8 @@ import io
 import pytest
 
 from trainguard.contract import Failure, NcclErrorKind
+from trainguard.thresholds import load_default
+from trainguard.triage.detectors import default_detectors
 from trainguard.triage.findings import Finding
 from trainguard.triage.scanner import Scanner
 
@@ -22,7 +24,11 @@ HOST = "gpu-a17:48211:48377 [3]"  # src/debug.cc: "%s:%d:%d [%d] " host, pid, ti
 
 
 def nccl_findings(text: str, chunk_bytes: int | None = None) -> list[Finding]:
-    scanner = Scanner() if chunk_bytes is None else Scanner(chunk_bytes=chunk_bytes)
+    scanner = (
+        Scanner(default_detectors(load_default()))
+        if chunk_bytes is None
+        else Scanner(default_detectors(load_default()), chunk_bytes=chunk_bytes)
+    )
     scanner.scan_stream(io.BytesIO(text.encode()), "rank0.log")
     return [f for f in scanner.findings() if f.failure is Failure.NCCL_ERROR]
 

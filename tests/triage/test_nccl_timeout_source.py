@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract import Failure
+from trainguard.thresholds import load_default
 from trainguard.triage import corpus
 from trainguard.triage.detectors.nccl_timeout import NcclTimeoutDetector
 
@@ -19,7 +20,9 @@ from trainguard.triage.detectors.nccl_timeout import NcclTimeoutDetector
 def _timeouts(tmp_path: Path, *lines: str) -> list[dict[str, Any]]:
     log = tmp_path / "x.log"
     log.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return [f for f in corpus.triage(log) if f["failure"] == Failure.NCCL_TIMEOUT.value]
+    return [
+        f for f in corpus.triage(log, load_default()) if f["failure"] == Failure.NCCL_TIMEOUT.value
+    ]
 
 
 def test_torch18_report_with_tensor_shape_and_no_seqnum(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ import json
 import pytest
 
 from trainguard import cli
+from trainguard.thresholds import load_default
+from trainguard.triage.detectors import default_detectors
 from trainguard.triage.detectors.base import Source, rank_of
 from trainguard.triage.normalize import clean
 from trainguard.triage.scanner import Scanner
@@ -43,7 +45,7 @@ def test_rank_prefix_after_a_collectors_timestamp() -> None:
 
 def test_a_pasted_coloured_windows_log_is_read_like_the_original() -> None:
     pasted = f"> \x1b[31m[rank1]: {OOM}\x1b[0m\r\n> done\r\n".encode()
-    scanner = Scanner()
+    scanner = Scanner(default_detectors(load_default()))
     scanner.scan_stream(io.BytesIO(pasted), "pasted.log")
     (finding,) = scanner.findings()
     assert finding.fields["tried_bytes"] == 2 << 30

@@ -13,8 +13,10 @@ import pytest
 
 from trainguard import cli, contract, thresholds
 from trainguard.contract import Failure
+from trainguard.thresholds import load_default
 from trainguard.triage import detectors, xid
 from trainguard.triage.cli import EXIT_FOUND, EXIT_NOTHING_FOUND, EXIT_UNREADABLE
+from trainguard.triage.detectors import default_detectors
 from trainguard.triage.detectors.straggler import StragglerDetector
 from trainguard.triage.scanner import Progress, Scanner, rank_hint
 
@@ -150,9 +152,9 @@ def test_xid_meanings_and_drain_advice(capsys) -> None:
 
 
 def test_xid_drain_follows_the_thresholds_xid_critical() -> None:
-    critical = set(xid.critical_xids())
+    critical = set(thresholds.load_default().xid_critical)
     for code in xid.CATALOGUE:
-        drain = xid.lookup(code).drain
+        drain = xid.lookup(code, critical).drain
         assert (drain in ("now", "after_job")) == (code in critical), code
     # every code that pages is one trainguard can explain
     assert critical <= set(xid.CATALOGUE)
@@ -209,7 +211,9 @@ def test_straggler_from_per_rank_timings_in_mixed_units(capsys) -> None:
 
 def test_straggler_judged_by_the_thresholds_file() -> None:
     defaults = thresholds.load_default()
-    (detector,) = [d for d in detectors.default_detectors() if isinstance(d, StragglerDetector)]
+    (detector,) = [
+        d for d in detectors.default_detectors(defaults) if isinstance(d, StragglerDetector)
+    ]
     assert (detector.factor, detector.min_ranks) == (
         defaults.straggler_factor,
         defaults.straggler_min_ranks,
@@ -266,7 +270,7 @@ def test_damaged_gzip_is_reported_unreadable(capsys, tmp_path: Path, damage: str
 
 
 def test_binary_lines_are_skipped_and_counted(capsys) -> None:
-    scanner = Scanner()
+    scanner = Scanner(default_detectors(load_default()))
     scanner.scan_paths([str(FIXTURES / "binary_mixed.log")])
     findings = scanner.findings()
     assert scanner.stats.binary_lines == 2
@@ -279,7 +283,7 @@ def test_binary_lines_are_skipped_and_counted(capsys) -> None:
 
 def test_tiny_chunks_give_the_same_findings_as_large_ones() -> None:
     def run(chunk: int) -> list[dict[str, Any]]:
-        scanner = Scanner(chunk_bytes=chunk)
+        scanner = Scanner(default_detectors(load_default()), chunk_bytes=chunk)
         scanner.scan_paths([str(FIXTURES)])
         return sorted(
             (f.to_json() for f in scanner.findings()), key=lambda f: (f["file"], f["line"])
@@ -295,7 +299,7 @@ def test_overlong_lines_are_skipped_without_buffering(tmp_path: Path) -> None:
     log = tmp_path / "long.log"
     xid_line = b"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.\n"
     log.write_bytes(b"x" * 5000 + b" NCCL WARN hidden\n" + xid_line + b"y" * 3000)
-    scanner = Scanner(chunk_bytes=256, max_line_bytes=1024)
+    scanner = Scanner(default_detectors(load_default()), chunk_bytes=256, max_line_bytes=1024)
     scanner.scan_paths([str(log)])
     findings = scanner.findings()
     assert scanner.stats.overlong_lines == 2
@@ -320,7 +324,7 @@ def test_overlong_lines_count_the_same_whatever_the_chunk_size(tmp_path: Path, c
         + b"\n"
         + xid_line
     )
-    scanner = Scanner(chunk_bytes=chunk)
+    scanner = Scanner(default_detectors(load_default()), chunk_bytes=chunk)
     scanner.scan_paths([str(log)])
     findings = scanner.findings()
     assert (scanner.stats.overlong_lines, scanner.stats.binary_lines) == (4, 0)
@@ -332,7 +336,7 @@ def test_stdin_and_gzip_inputs(tmp_path: Path) -> None:
     text = (FIXTURES / "nccl_errors.log").read_bytes()
     packed = tmp_path / "nccl_errors.log.gz"
     packed.write_bytes(gzip.compress(text))
-    scanner = Scanner()
+    scanner = Scanner(default_detectors(load_default()))
     scanner.scan_paths(["-", str(packed)], stdin=io.BytesIO(text))
     files = [f.location.file for f in scanner.findings()]
     assert files.count("-") == files.count(str(packed)) == 5
@@ -347,7 +351,7 @@ def test_repeats_fold_into_one_finding_and_groups_are_bounded(monkeypatch, tmp_p
     ]
     log.write_text("\n".join(lines) + "\n")
     monkeypatch.setattr(detectors.base, "MAX_GROUPS", 3)
-    scanner = Scanner()
+    scanner = Scanner(default_detectors(load_default()))
     scanner.scan_paths([str(log)])
     findings = scanner.findings()
     assert len(findings) == 3
@@ -384,8 +388,9 @@ def test_human_output_names_file_line_and_advice(capsys) -> None:
 
 def test_json_names_the_failure_and_each_detector_declares_its_own(capsys) -> None:
     _, findings = triage_json(capsys, FIXTURES)
-    assert {f["failure"] for f in findings} == {d.failure.value for d in detectors.DETECTORS}
+    registered = contract.FAILURES.implementations(detectors.DETECTORS)
+    assert {f["failure"] for f in findings} == {spec.failure.value for spec, _ in registered}
     assert all("category" not in f for f in findings)
-    for detector in detectors.default_detectors():
-        spec = contract.FAILURES[detector.failure]
-        assert spec.triage_detector == f"{type(detector).__module__}:{type(detector).__name__}"
+    for spec, detector in registered:
+        assert detector.failure is spec.failure
+        assert detector.__module__ == f"trainguard.triage.detectors.{spec.failure.value}"

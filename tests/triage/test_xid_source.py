@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from trainguard.contract import Failure
+from trainguard.thresholds import load_default
 from trainguard.triage.detectors import default_detectors
 from trainguard.triage.scanner import Scanner
 
@@ -20,7 +21,7 @@ from trainguard.triage.scanner import Scanner
 def triage(tmp_path: Path, text: str) -> list[dict[str, Any]]:
     log = tmp_path / "kern.log"
     log.write_text(text)
-    scanner = Scanner(default_detectors())
+    scanner = Scanner(default_detectors(load_default()))
     scanner.scan_paths([str(log)])
     return [f.to_json() for f in scanner.findings()]
 

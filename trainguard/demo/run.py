@@ -23,16 +23,16 @@ import httpx
 from trainguard import contract
 from trainguard.demo.config import DEMO_JOB_ID, DemoConfig
 from trainguard.demo.faults import FaultKind, FaultLedger
+from trainguard.demo.faults.hang import HANG
+from trainguard.demo.faults.oom import OOM
+from trainguard.demo.faults.straggler import STRAGGLER
 from trainguard.demo.stack import SIMULATED_GPUS, Stack, demo_thresholds, ensure_binaries
 
 # What each fault should set off: the alert, then the action that repairs it.
 EXPECTED: dict[FaultKind, tuple[contract.Alert, contract.Action]] = {
-    FaultKind.STRAGGLER: (contract.Alert.TRAINING_STRAGGLER, contract.Action.EXCLUDE_NODE),
-    FaultKind.HANG: (
-        contract.Alert.TRAINING_COLLECTIVE_STALLED,
-        contract.Action.RESTART_FROM_CHECKPOINT,
-    ),
-    FaultKind.OOM: (contract.Alert.TRAINING_OOM, contract.Action.SPLIT_MICRO_BATCHES),
+    STRAGGLER: (contract.Alert.TRAINING_STRAGGLER, contract.Action.EXCLUDE_NODE),
+    HANG: (contract.Alert.TRAINING_COLLECTIVE_STALLED, contract.Action.RESTART_FROM_CHECKPOINT),
+    OOM: (contract.Alert.TRAINING_OOM, contract.Action.SPLIT_MICRO_BATCHES),
 }
 TARGETS = {"hang_detection_s": 30.0, "straggler_detection_s": 60.0, "mttr_s": 120.0}
 # After training ends, how long the demo waits for the service to close every incident (the
@@ -204,7 +204,7 @@ def incident_of(
     later = [
         i
         for i in incidents
-        if i.get("failure") == kind.value and _timestamp(i["detected_at"]) >= injected_at
+        if i.get("failure") == kind.failure.value and _timestamp(i["detected_at"]) >= injected_at
     ]
     return min(later, key=lambda i: _timestamp(i["detected_at"]), default=None)
 
@@ -223,7 +223,7 @@ def outcomes(
         fired = ledger.fired(kind)
         if fired is None:
             continue
-        outcome = FaultOutcome(kind.value, fired.at)
+        outcome = FaultOutcome(kind.name, fired.at)
         outcome.incident = incident_of(kind, fired.at, incidents or [])
         matching = sorted(
             (
@@ -243,15 +243,15 @@ def outcomes(
             if done:
                 done_at = _timestamp(done[0]["at"])
                 outcome.action_done_s = done_at - fired.at
-                if kind is not FaultKind.OOM:
+                if kind is not OOM:
                     # Recovery is training progressing again after the repair restarted it;
                     # an OOM is recovered in place by guarded_step.
                     resume_after = done_at
-        if kind is FaultKind.OOM or outcome.action_done_s is not None:
+        if kind is OOM or outcome.action_done_s is not None:
             later = [e["t"] for e in steps if e["t"] > resume_after]
             if later:
                 outcome.recovered_s = min(later) - fired.at
-        result[kind.value] = outcome
+        result[kind.name] = outcome
     return result
 
 

@@ -29,7 +29,7 @@ import yaml
 from trainguard import contract
 from trainguard.alerts import rules as alert_rules
 from trainguard.demo.config import DEMO_JOB_ID, NODES, DemoConfig
-from trainguard.thresholds import Thresholds
+from trainguard.thresholds import Thresholds, default_path
 
 REPO_ALERTS = Path(alert_rules.__file__).resolve().parent
 
@@ -129,7 +129,7 @@ def demo_policy(cfg: DemoConfig, jobs: str | None = None) -> dict[str, Any]:
 def demo_thresholds(override: Mapping[str, Any] | None = None) -> Thresholds:
     """The shipped thresholds with the demo's (and ``override``) over them: what its rules are
     rendered from, and what ``trainguard diagnose`` judges its runs by."""
-    thresholds = yaml.safe_load((REPO_ALERTS / "thresholds.yml").read_text())
+    thresholds = yaml.safe_load(default_path().read_text())
     thresholds.update(DEMO_THRESHOLDS)
     thresholds.update(override or {})
     return Thresholds.from_mapping(thresholds)

@@ -13,9 +13,10 @@ restarted), and ``guarded_step`` so an out-of-memory step is retried in micro-ba
 Compute is simulated with a sleep in ``forward`` (``--step-seconds``, varied by ``--jitter``
 per step and rank) so four ranks fit on a laptop; a straggler sleeps ``factor`` times as long.
 Data comes through ``wrap_dataloader`` (``--data-seconds`` per batch) and the gradient sync
-through a comm hook, so the faults of :class:`~trainguard.demo.faults.FaultKind` can slow or
-stop each of them. Rank 0 appends one JSON line per event to ``<checkpoint-dir>/events.jsonl``
-(start, step, checkpoint, finish) for the drill to read.
+through a comm hook, so the faults of ``trainguard.demo.faults`` can slow or stop each of them
+(through :class:`~trainguard.demo.sabotage.Sabotage`, the knobs they turn). Rank 0 appends one
+JSON line per event to ``<checkpoint-dir>/events.jsonl`` (start, step, checkpoint, finish) for
+the drill to read.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import datetime
 import json
 import os
 import random
-import signal
 import threading
 import time
 from pathlib import Path
@@ -39,34 +39,35 @@ from torch.nn.parallel import DistributedDataParallel
 
 import trainguard
 from trainguard import contract
-from trainguard.demo.faults import DEFAULT_PLAN, Fault, FaultKind, FaultLedger, parse_plan
+from trainguard.demo.faults import DEFAULT_PLAN, Fault, FaultLedger, parse_plan
 from trainguard.demo.sabotage import Sabotage
 from trainguard.instrumentation.directives import Directive
 
 WIDTH = 256
-HANG_SECONDS = 900.0  # "forever": the job is restarted long before
 
 
 class DemoNet(nn.Module):
-    """Four linear layers; ``forward`` also "computes" for ``work_seconds``."""
+    """Four linear layers; ``forward`` also "computes" for ``sabotage.work_seconds``, and runs
+    out of memory on batches above ``sabotage.oom_above``."""
 
-    def __init__(self, jitter: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, sabotage: Sabotage, jitter: float = 0.0, seed: int = 0) -> None:
         super().__init__()
         self.layers = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(4)])
-        self.work_seconds = 0.0
-        self.oom_above: int | None = None  # batch sizes above this "run out of memory"
+        self.sabotage = sabotage
         self.jitter = jitter
         self._random = random.Random(seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.oom_above is not None and x.shape[0] > self.oom_above:
+        oom_above = self.sabotage.oom_above
+        if oom_above is not None and x.shape[0] > oom_above:
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate {x.shape[0] * 64} MiB "
                 "(injected by the demo's fault plan)"
             )
-        if self.work_seconds:
+        work = self.sabotage.work_seconds
+        if work:
             noise = self._random.uniform(1 - self.jitter, 1 + self.jitter) if self.jitter else 1
-            time.sleep(self.work_seconds * noise * x.shape[0] / BATCH_SIZE)
+            time.sleep(work * noise * x.shape[0] / BATCH_SIZE)
         out: torch.Tensor = self.layers(x)
         return out
 
@@ -127,11 +128,6 @@ def batch(step: int, rank: int) -> torch.Tensor:
     return torch.randn(BATCH_SIZE, WIDTH, generator=generator)
 
 
-# How much each step's memory grows on a rank whose memory creeps (about 40 MB/s at the
-# demo's ten steps a second).
-LEAK_BYTES_PER_STEP = 4 << 20
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = parse_plan(args.faults)
@@ -148,12 +144,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(0)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    net = DemoNet(jitter=args.jitter, seed=args.seed * 1_000_003 + rank * 1009 + restart)
-    net.work_seconds = args.step_seconds
+    sabotage = Sabotage(batch, args.step_seconds, args.data_seconds, BATCH_SIZE)
+    net = DemoNet(sabotage, args.jitter, seed=args.seed * 1_000_003 + rank * 1009 + restart)
     model = DistributedDataParallel(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     step = checkpoints.load(model.module, optimizer)
-    sabotage = Sabotage(batch, data_seconds=args.data_seconds)
     # The gradient sync goes through the fault plan's hook (DDP's allreduce until one fires).
     model.register_comm_hook(dist.group.WORLD, sabotage.comm_hook)
 
@@ -198,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     data = handle.wrap_dataloader(sabotage.batches(step, rank))
     while step < args.steps:
         elapsed = time.time() - job_started
-        inject(plan, ledger, rank, node, elapsed, net, args, sabotage)
+        inject(plan, ledger, rank, node, elapsed, sabotage)
         optimizer.zero_grad(set_to_none=True)
         if logs is not None:
             logs.set_step(step)
@@ -211,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint(checkpoints, model, optimizer, step, rank, handle)
             checkpoint_requested.clear()
             events.write("checkpoint", step=step)
-            if stops_at_barrier(plan, ledger, rank, node, elapsed):
-                time.sleep(HANG_SECONDS)
+            fire_at_checkpoint(plan, ledger, rank, node, elapsed, sabotage)
             # Every rank waits for the checkpoint to be written, as sharded checkpoints do.
             dist.barrier()
     if rank == 0:
@@ -238,16 +232,19 @@ def checkpoint(
         handle.record_checkpoint(checkpoints.path)
 
 
-def stops_at_barrier(
-    plan: list[Fault], ledger: FaultLedger, rank: int, node: str, elapsed: float
-) -> bool:
-    """Whether a barrier hang is due on this rank now (it fires here, at a checkpoint)."""
+def _due(fault: Fault, ledger: FaultLedger, rank: int, elapsed: float) -> bool:
+    return fault.rank == rank and elapsed >= fault.at_seconds and ledger.fired(fault.kind) is None
+
+
+def fire_at_checkpoint(
+    plan: list[Fault], ledger: FaultLedger, rank: int, node: str, elapsed: float, knobs: Sabotage
+) -> None:
+    """Fire the faults due on this rank that wait for a checkpoint (a barrier hang)."""
     for fault in plan:
-        due = elapsed >= fault.at_seconds and ledger.fired(fault.kind) is None
-        if fault.kind is FaultKind.BARRIER_HANG and fault.rank == rank and due:
+        if fault.kind.at_checkpoint and _due(fault, ledger, rank, elapsed):
             ledger.fire(fault, node)
-            return True
-    return False
+            if fault.kind.fire is not None:
+                fault.kind.fire(knobs)
 
 
 def inject(
@@ -256,43 +253,22 @@ def inject(
     rank: int,
     node: str,
     elapsed: float,
-    net: DemoNet,
-    args: argparse.Namespace,
-    sabotage: Sabotage,
+    knobs: Sabotage,
 ) -> None:
     """Fire the faults that are due on this rank; keep a slow rank slow while it lives."""
-    base = args.step_seconds
     for fault in plan:
-        if fault.kind is FaultKind.BARRIER_HANG:
-            continue  # fires at the next checkpoint (stops_at_barrier)
-        fired = ledger.fired(fault.kind)
-        if fired is None and elapsed >= fault.at_seconds and rank == fault.rank:
+        kind = fault.kind
+        if kind.at_checkpoint:
+            continue  # fires at the next checkpoint (fire_at_checkpoint)
+        fired = ledger.fired(kind)
+        if fired is None and _due(fault, ledger, rank, elapsed):
             fired = ledger.fire(fault, node)
-            if fault.kind in (FaultKind.HANG, FaultKind.DATA_STALL):
-                # This rank stops joining collectives (in its data loader, for a data stall):
-                # its peers wait in the gradient sync.
-                time.sleep(HANG_SECONDS)
-            if fault.kind is FaultKind.OOM:
-                # From now on a whole batch no longer fits on this rank.
-                net.oom_above = BATCH_SIZE // 2
-            if fault.kind is FaultKind.KILL:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if fault.kind is FaultKind.PG_ERROR:
-                sabotage.comm_error = True
-            if fault.kind is FaultKind.MEMORY_CREEP:
-                # The process that fired it leaks; a restarted one starts clean.
-                sabotage.leak_bytes_per_step = LEAK_BYTES_PER_STEP
-        if fired is None:
-            continue
-        # Slowdowns last as long as the rank runs on the node it fired on (until excluded).
-        slow = fired.node == node and fired.rank == rank
-        extra = (fault.factor - 1.0) * base if slow else 0.0
-        if fault.kind is FaultKind.STRAGGLER:
-            net.work_seconds = base * (fault.factor if slow else 1.0)
-        if fault.kind is FaultKind.DATA_SLOW:
-            sabotage.data_seconds = args.data_seconds + extra
-        if fault.kind is FaultKind.COMM_SLOW:
-            sabotage.comm_delay_seconds = extra
+            if kind.fire is not None:
+                kind.fire(knobs)
+        if fired is not None and kind.sustain is not None:
+            # Slowdowns last as long as the rank runs on the node it fired on (until excluded).
+            slow = fired.node == node and fired.rank == rank
+            kind.sustain(knobs, fault.factor if slow else 1.0)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ def diagnose(
     prometheus_url: str,
     job_id: str,
     *,
+    thresholds: Thresholds,
     since_seconds: float = 7200.0,
     until: float | None = None,
     dumps: Path | None = None,
@@ -53,7 +54,6 @@ def diagnose(
     incidents: Sequence[Any] | None = None,
     incidents_source: str = "the caller",
     incidents_gap: str | None = None,
-    thresholds: Thresholds | None = None,
 ) -> Report:
     """Diagnose ``job_id`` over ``[until - since_seconds, until]`` (``until`` defaults to now).
 
@@ -64,8 +64,8 @@ def diagnose(
     ``incidents`` are the remediation service's IncidentView documents of the job (from
     ``incidents_source``), which the Validate section reports; ``incidents_gap`` says why they
     could not be read, and the report names that gap instead. Malformed documents and other
-    jobs' are left out with a note. ``thresholds`` are those the rules were rendered from
-    (default: the shipped ``thresholds.yml``), so the diagnosis judges as the alerts did.
+    jobs' are left out with a note. ``thresholds`` are those the rules were rendered from, so
+    the diagnosis judges as the alerts did.
 
     Raises PrometheusError when Prometheus cannot be queried and NoDataError when it holds
     nothing about the job in the window.
@@ -79,7 +79,7 @@ def diagnose(
     end = time.time() if until is None else until
     start = end - since_seconds
     with PrometheusClient(prometheus_url, timeout=timeout) as client:
-        sig = collect(client, job_id, start, end, min_step=min_step_seconds)
+        sig = collect(client, job_id, start, end, thresholds, min_step=min_step_seconds)
     sig.sustain_seconds = sustain_seconds
     report = Report(job_id, start, end, time.time(), prometheus_url)
     report.inputs.append(
@@ -87,7 +87,7 @@ def diagnose(
     )
     log_evidence = None
     if logs:
-        log_evidence = read_logs(logs, job_id)
+        log_evidence = read_logs(logs, job_id, thresholds)
         report.inputs.append(
             f"logs: {log_evidence.files} file(s), {len(log_evidence.events)} hook event(s) of "
             f"this job, {len(log_evidence.findings)} triage finding(s)"

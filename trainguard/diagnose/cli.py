@@ -134,15 +134,13 @@ def run(args: argparse.Namespace) -> int:
     documents, source, gap = incidents(args)
     if gap:
         print(f"trainguard diagnose: incidents not read: {gap}", file=sys.stderr)
-    limits = None
-    if args.thresholds is not None:
-        from trainguard.thresholds import Thresholds, ThresholdsError
+    from trainguard.thresholds import Thresholds, ThresholdsError, default_path
 
-        try:
-            limits = Thresholds.load(args.thresholds)
-        except (ThresholdsError, OSError) as exc:
-            print(f"trainguard diagnose: {exc}", file=sys.stderr)
-            return 2
+    try:
+        limits = Thresholds.load(args.thresholds or default_path())
+    except (ThresholdsError, OSError) as exc:
+        print(f"trainguard diagnose: {exc}", file=sys.stderr)
+        return 2
     safe_job = re.sub(r"[^A-Za-z0-9_.-]", "_", args.job_id)
     out: Path = args.out or Path(f"diagnose-{safe_job}")
     try:

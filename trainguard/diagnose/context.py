@@ -1,7 +1,8 @@
 """What every analysis of one job reads and writes: :class:`Context`, and small shared helpers.
 
-Each failure's analysis (:mod:`~trainguard.diagnose.oom`, ``straggler``, ``slowdown``,
-``dataloader``, ``hang``, ``gpu``, ``rank_failure``) is a function of a :class:`Context`: it
+Each failure's analysis (:mod:`~trainguard.diagnose.oom`, ``straggler``, ``job_slowdown``,
+``dataloader_bound``, ``hang``, ``gpu_fault``, ``gpu_throttling``, ``rank_failure``) is a
+function of a :class:`Context`: it
 reads the signals, the evidence from logs and dumps and the thresholds, adds symptoms and
 root-cause candidates to the report, and records what a later analysis or the charts need (the
 worst straggler, the first rank to run out of memory, the ranks a hang waits for) in the
@@ -16,12 +17,11 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from trainguard.contract import Failure
+from trainguard.contract import Cause, Failure
 from trainguard.diagnose.evidence import Event, LogEvidence, StallDump
 from trainguard.diagnose.model import Candidate, Report, Scope, ScopeLevel, Symptom
 from trainguard.diagnose.prometheus import Series
 from trainguard.diagnose.signals import Signals
-from trainguard.diagnose.signals import thresholds as default_thresholds
 from trainguard.thresholds import Thresholds
 from trainguard.triage import Finding
 
@@ -94,9 +94,9 @@ class Context:
 
     sig: Signals
     report: Report
+    thresholds: Thresholds
     logs: LogEvidence = field(default_factory=LogEvidence)
     dumps: list[StallDump] = field(default_factory=list)
-    thresholds: Thresholds = field(default_factory=default_thresholds)
     # (when, action) of each repair the remediation service carried out on the job (from the
     # incidents given to diagnose): what a restart right after one is explained by.
     repairs: list[tuple[float, str]] = field(default_factory=list)
@@ -121,7 +121,7 @@ class Context:
     def candidate(self, candidate: Candidate) -> None:
         self.report.candidates.append(candidate)
 
-    def has_cause(self, *causes: str) -> bool:
+    def has_cause(self, *causes: Cause) -> bool:
         return any(c.cause in causes for c in self.report.candidates)
 
     def has_symptom(self, *failures: Failure) -> bool:

@@ -7,7 +7,7 @@ reports as failed by its pid; every file also goes through
 ``trainguard triage``'s scanner, which recognises CUDA OOM messages, NCCL watchdog timeouts,
 Xids and torchrun failures in raw text. Flight Recorder dumps (``<dumps>/<job_id>/stall-*/``,
 as the hook's watchdog writes them) are handed to torch's own analyzer through
-:func:`trainguard.instrumentation.flight_recorder.analyze`; torch is imported only then.
+:func:`trainguard.diagnose.flight_recorder.analyze`; torch is imported only then.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from trainguard import contract
+from trainguard.thresholds import Thresholds
 from trainguard.triage import Finding, Scanner
+from trainguard.triage.detectors import default_detectors
 
-DUMP_PREFIX = "fr_rank"  # trainguard.instrumentation.flight_recorder.DUMP_PREFIX (no torch here)
-STACKS_PREFIX = "stacks_rank"
 STACK_LINES = 8  # innermost lines of the main thread's stack shown in the report
 # The ECS field ecs-logging fills with the logging process's id, on every line it writes.
 FIELD_PROCESS_PID = "process.pid"
@@ -103,8 +103,9 @@ def _files(paths: Sequence[str]) -> Iterator[Path]:
             yield path
 
 
-def read_logs(paths: Sequence[str], job_id: str) -> LogEvidence:
-    """The hook's events for ``job_id`` and triage's findings in ``paths``."""
+def read_logs(paths: Sequence[str], job_id: str, thresholds: Thresholds) -> LogEvidence:
+    """The hook's events for ``job_id`` and triage's findings in ``paths`` (its detectors
+    judging by ``thresholds``)."""
     evidence = LogEvidence()
     for path in _files(paths):
         try:
@@ -115,7 +116,7 @@ def read_logs(paths: Sequence[str], job_id: str) -> LogEvidence:
                         _event(raw, job_id, evidence)
         except OSError as exc:
             evidence.unreadable.append(f"{path}: {exc.strerror or exc}")
-    scanner = Scanner()
+    scanner = Scanner(default_detectors(thresholds))
     scanner.scan_paths([str(p) for p in _files(paths)])
     evidence.findings = scanner.findings()
     return evidence
@@ -165,7 +166,7 @@ def _process(doc: Mapping[str, Any], rank: Any, evidence: LogEvidence) -> None:
 def stall_folders(dumps: Path, job_id: str) -> list[Path]:
     """Stall folders for ``job_id``: ``dumps/<job_id>/stall-*``, or ``dumps`` itself when it
     is a job folder or one stall folder."""
-    if any(dumps.glob(f"{DUMP_PREFIX}*")):
+    if any(dumps.glob(f"{contract.FLIGHT_RECORDER_DUMP_PREFIX}*")):
         return [dumps]
     base = dumps / job_id if (dumps / job_id).is_dir() else dumps
     return sorted(p for p in base.glob("stall-*") if p.is_dir())
@@ -186,13 +187,13 @@ def read_dumps(dumps: Path, job_id: str) -> list[StallDump]:
     out = []
     for folder in stall_folders(dumps, job_id):
         ranks = sorted(
-            int(p.name[len(DUMP_PREFIX) :])
-            for p in folder.glob(f"{DUMP_PREFIX}*")
-            if p.name[len(DUMP_PREFIX) :].isdigit()
+            int(p.name[len(contract.FLIGHT_RECORDER_DUMP_PREFIX) :])
+            for p in folder.glob(f"{contract.FLIGHT_RECORDER_DUMP_PREFIX}*")
+            if p.name[len(contract.FLIGHT_RECORDER_DUMP_PREFIX) :].isdigit()
         )
         dump = StallDump(folder=folder, ranks_dumped=ranks)
-        for path in folder.glob(f"{STACKS_PREFIX}*.txt"):
-            rank_text = path.name[len(STACKS_PREFIX) : -len(".txt")]
+        for path in folder.glob(f"{contract.STACKS_DUMP_PREFIX}*.txt"):
+            rank_text = path.name[len(contract.STACKS_DUMP_PREFIX) : -len(".txt")]
             if rank_text.isdigit():
                 try:
                     dump.stacks[int(rank_text)] = _main_thread_tail(path.read_text())
@@ -206,7 +207,7 @@ def read_dumps(dumps: Path, job_id: str) -> list[StallDump]:
 
 def _analyze(dump: StallDump) -> None:
     try:
-        from trainguard.instrumentation import flight_recorder
+        from trainguard.diagnose import flight_recorder
     except ImportError as exc:
         dump.error = f"torch is not installed, so its Flight Recorder analyzer cannot run ({exc})"
         return

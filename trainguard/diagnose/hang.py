@@ -13,10 +13,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from trainguard import contract
-from trainguard.contract import EventKind, Failure
+from trainguard.contract import Cause, EventKind, Failure
+from trainguard.diagnose.analysis import explains
 from trainguard.diagnose.context import Context, ranks_text, utc
 from trainguard.diagnose.evidence import Mismatch, StallDump
-from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Symptom
+from trainguard.diagnose.job_slowdown import socket_nodes
+from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Setting, Symptom
+from trainguard.diagnose.prevent import ENV, SCRIPT, prevents
 from trainguard.diagnose.signals import increments
 
 # An adaptive collective timeout: this many times the slowest 0.1% of gradient syncs, and
@@ -85,6 +88,7 @@ def _seen(ctx: Context) -> _Seen:
     return seen
 
 
+@explains(Failure.HANG, Failure.NCCL_TIMEOUT, after=(Failure.GPU_FAULT,))
 def analyse(ctx: Context) -> None:
     """A collective hang (HANG), or NCCL_TIMEOUT when a collective timed out."""
     seen = _seen(ctx)
@@ -323,14 +327,15 @@ def _candidate(
     node_faults = [
         c
         for c in ctx.report.candidates
-        if c.cause.startswith(("xid_", "gpu_ecc")) and set(c.facts.get("ranks", [])) & set(suspects)
+        if c.cause in (Cause.GPU_XID, Cause.GPU_ECC_UNCORRECTABLE)
+        and set(c.facts.get("ranks", [])) & set(suspects)
     ]
     confidence = 0.9 if dumped else (0.7 if laggard is not None else 0.4)
     if node_faults:
         confidence = min(confidence, 0.6)
     ctx.candidate(
         Candidate(
-            "rank_never_joined",
+            Cause.RANK_NEVER_JOINED,
             _summary(suspects, facts),
             confidence,
             evidence or [f"oldest in-flight collective past {threshold:.0f} s"],
@@ -339,3 +344,75 @@ def _candidate(
             facts,
         )
     )
+
+
+# --- prevention -------------------------------------------------------------------------------
+def _timed_out(ctx: Context) -> Failure:
+    """A rank that never joined is an NCCL timeout once NCCL's watchdog fired, else a hang."""
+    return Failure.NCCL_TIMEOUT if ctx.has_symptom(Failure.NCCL_TIMEOUT) else Failure.HANG
+
+
+@prevents(Cause.RANK_NEVER_JOINED, answers=_timed_out)
+def _hang_settings(ctx: Context, c: Candidate) -> list[Setting]:
+    settings = []
+    timeout = adaptive_timeout(ctx)
+    if timeout is not None:
+        settings.append(
+            Setting(
+                "init_process_group(timeout=...)",
+                f"timedelta(seconds={timeout[0]:.0f})",
+                SCRIPT,
+                [timeout[1] + ", instead of NCCL's default 10 min"],
+            )
+        )
+    peak = max((v for s in ctx.sig.oldest_inflight.values() for v in s.values()), default=0.0)
+    settings.append(
+        Setting(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+            "3",
+            ENV,
+            [
+                f"a collective stayed in flight {peak:.0f} s (oldest in-flight collective)"
+                if peak
+                else "collectives stopped completing",
+                "on a timeout the process must exit (3, torch >= 2.2's default; never 0) so "
+                "torchrun restarts the group instead of waiting in NCCL's teardown",
+            ],
+        )
+    )
+    dumps = [d for d in ctx.dumps if d.mismatches]
+    dumped = (
+        f"this hang's Flight Recorder dumps ({len(dumps)} folder(s)) named "
+        f"{ranks_text(ctx.stall_ranks)} as the rank that never joined"
+        if dumps
+        else "no Flight Recorder dump was read for this hang, so the rank the others wait for "
+        + (
+            f"was named from weaker signals ({ranks_text(ctx.stall_ranks)})"
+            if ctx.stall_ranks
+            else "is unknown"
+        )
+    )
+    settings += [
+        Setting("TORCH_NCCL_DUMP_ON_TIMEOUT", "1", ENV, [dumped]),
+        Setting(
+            "TORCH_FR_BUFFER_SIZE",
+            "2000",
+            ENV,
+            ["the Flight Recorder keeps this many collectives per rank for the dump"],
+        ),
+    ]
+    sockets = socket_nodes(ctx)
+    if sockets:
+        settings.append(
+            Setting(
+                "NCCL_IB_HCA",
+                "the nodes' InfiniBand HCAs (e.g. mlx5), with NCCL_IB_DISABLE unset",
+                ENV,
+                [
+                    f"{contract.NCCL_INFO.name} shows the TCP socket transport on "
+                    f"{', '.join(sockets)}: collectives over sockets are slower and time out "
+                    "first"
+                ],
+            )
+        )
+    return settings

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.contract import Failure, IncidentOutcome, JobOutcome
+from trainguard.contract import Cause, Failure, IncidentOutcome, JobOutcome
 
 
 class ScopeLevel(str, enum.Enum):
@@ -47,7 +47,7 @@ class Scope:
 class Candidate:
     """One possible root cause; ``confidence`` (0..1) ranks the candidates."""
 
-    cause: str
+    cause: Cause
     summary: str
     confidence: float
     evidence: list[str]
@@ -142,7 +142,7 @@ class Prevention:
     """What avoids one root cause next time: settings with their evidence, then the
     candidate's own advice that no setting expresses."""
 
-    cause: str
+    cause: Cause
     failure: Failure | None
     summary: str
     settings: list[Setting]

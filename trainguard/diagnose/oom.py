@@ -10,9 +10,11 @@ import statistics
 from dataclasses import dataclass
 
 from trainguard import contract
-from trainguard.contract import EventKind, Failure
+from trainguard.contract import Cause, EventKind, Failure
+from trainguard.diagnose.analysis import explains
 from trainguard.diagnose.context import Context, before, between, ranks_text, runs, utc
-from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Symptom
+from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Setting, Symptom
+from trainguard.diagnose.prevent import ENV, SCRIPT, prevents
 from trainguard.diagnose.signals import increments
 from trainguard.thresholds import duration_seconds
 from trainguard.triage import Finding
@@ -25,7 +27,7 @@ NEAR_CAPACITY = 0.85
 
 GIB = 1 << 30
 MIB = 1 << 20
-_EXPLAINED = ("memory_fragmentation", "memory_growth", "does_not_fit")
+_EXPLAINED = (Cause.MEMORY_FRAGMENTATION, Cause.MEMORY_GROWTH, Cause.DOES_NOT_FIT)
 # Below this a warning sign's candidates rank under an actual OOM's least likely one (0.3):
 # the candidates explain the report's first symptom first.
 _BESIDE_AN_OOM = 0.25
@@ -33,6 +35,7 @@ _BESIDE_AN_OOM = 0.25
 _RISK_RANKS_SHOWN = 4
 
 
+@explains(Failure.OOM)
 def analyse(ctx: Context) -> None:
     """OOMs, then the ranks that have not run out of memory yet but are about to."""
     _oom(ctx)
@@ -181,7 +184,7 @@ def _fragmentation(ctx: Context, m: _Memory, log_ooms: list[Finding]) -> None:
     ]
     ctx.candidate(
         Candidate(
-            "memory_fragmentation",
+            Cause.MEMORY_FRAGMENTATION,
             f"Fragmented allocator cache on {m.where}: the request failed although "
             "reserved memory was largely free",
             0.9 if m.retries or "fragmentation" in verdicts else 0.75,
@@ -205,7 +208,7 @@ def _growth(ctx: Context, m: _Memory) -> None:
         return
     ctx.candidate(
         Candidate(
-            "memory_growth",
+            Cause.MEMORY_GROWTH,
             f"Memory held by tensors grew on {m.where} until it ran out",
             0.7,
             [
@@ -229,7 +232,7 @@ def _does_not_fit(ctx: Context, m: _Memory) -> None:
         return
     ctx.candidate(
         Candidate(
-            "does_not_fit",
+            Cause.DOES_NOT_FIT,
             f"The step needs more memory than {m.where}'s GPU has",
             0.65,
             [m.line],
@@ -249,7 +252,7 @@ def _does_not_fit(ctx: Context, m: _Memory) -> None:
 def _unexplained(ctx: Context, m: _Memory) -> None:
     ctx.candidate(
         Candidate(
-            "oom_unexplained",
+            Cause.OOM_UNEXPLAINED,
             f"Out of memory on {m.where}; the memory series do not say why",
             0.3,
             [m.line],
@@ -406,7 +409,7 @@ def _creep(risks: list[_Risk], confidence: float) -> Candidate:
                 f"at or above capacity ({contract.REC_RANK_MEMORY_AT_CAPACITY})"
             )
     return Candidate(
-        "memory_creep",
+        Cause.MEMORY_CREEP,
         f"Memory held by tensors grows on {ranks_text([r.rank for r in risks])} toward the "
         "GPU's capacity; it will run out unless the growth stops",
         confidence,
@@ -425,7 +428,7 @@ def _creep(risks: list[_Risk], confidence: float) -> Candidate:
 def _headroom(risks: list[_Risk], confidence: float) -> Candidate:
     worst = min(risks, key=lambda r: r.headroom)
     return Candidate(
-        "low_memory_headroom",
+        Cause.LOW_MEMORY_HEADROOM,
         f"Little free memory on {ranks_text([r.rank for r in risks])}, not growing: the next "
         "allocation peak (a longer batch, an evaluation step) may not fit",
         confidence,
@@ -437,3 +440,93 @@ def _headroom(risks: list[_Risk], confidence: float) -> Candidate:
         ["Leave headroom for the largest step (the longest sequence, evaluation)."],
         worst.facts(),
     )
+
+
+# --- prevention -------------------------------------------------------------------------------
+@prevents(Cause.MEMORY_FRAGMENTATION)
+def _expandable_segments(ctx: Context, c: Candidate) -> list[Setting]:
+    frag, retries = c.facts.get("fragmentation_ratio"), c.facts.get("alloc_retries_before_oom")
+    evidence = [f"{frag:.0%} of the reserved memory held no tensor before the OOM"] if frag else []
+    if retries:
+        evidence.append(f"{retries:.0f} allocator retries (cudaMalloc after emptying the cache)")
+    evidence += [f"log: {f.summary}" for f in ctx.findings(Failure.OOM)]
+    return [
+        Setting(
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "expandable_segments:True",
+            ENV,
+            [*evidence, "segments that grow in place leave no unusable gaps between blocks"],
+        )
+    ]
+
+
+@prevents(Cause.DOES_NOT_FIT)
+def _micro_batches(ctx: Context, c: Candidate) -> list[Setting]:
+    """Split the step so its peak fits with headroom; the OOM guard's own split when it found
+    one that worked."""
+    allocated, capacity = c.facts.get("allocated_bytes"), c.facts.get("capacity_bytes")
+    recovered = [e for e in ctx.events(EventKind.OOM_RECOVERED.value) if e.details]
+    splits = [int(s) for e in recovered if str(s := e.details.get("micro_batches", "")).isdigit()]
+    if splits:
+        split = max(splits)
+        evidence = [
+            f"trainguard's OOM guard recovered the step in {split} micro-batches "
+            f"({len(recovered)} oom_recovered event(s))"
+        ]
+    elif allocated and capacity:
+        tried = max(
+            (int(f.fields.get("tried_bytes", 0)) for f in ctx.findings(Failure.OOM)), default=0
+        )
+        needed = allocated + tried
+        # Activations scale with the micro-batch, parameters and optimizer state do not: the
+        # split is the least that could fit, a power of two so the batch divides evenly.
+        split = 2 ** max(1, math.ceil(math.log2(needed / (NEAR_CAPACITY * capacity))))
+        evidence = [
+            f"the step held {allocated / GIB:.1f} GiB"
+            + (f" and asked for {tried / GIB:.1f} GiB more" if tried else "")
+            + f" on a {capacity / GIB:.1f} GiB GPU; {split} micro-batches bring its "
+            f"activations under {NEAR_CAPACITY:.0%} of capacity if activations dominate"
+        ]
+    else:
+        return []
+    held = (
+        f"{allocated / GIB:.1f} GiB of {capacity / GIB:.1f} GiB allocated at the failing step"
+        if allocated and capacity
+        else f"the step fit only in {split} micro-batches"
+    )
+    return [
+        Setting(
+            "micro-batch size / gradient accumulation steps",
+            f"micro-batch / {split}, gradient_accumulation_steps x {split} (global batch kept)",
+            SCRIPT,
+            evidence,
+        ),
+        Setting(
+            "activation checkpointing",
+            "on for every transformer block (torch.utils.checkpoint, or FSDP's "
+            "apply_activation_checkpointing)",
+            SCRIPT,
+            [
+                f"{held}; recomputing activations in backward trades about a third more "
+                "compute for most of their memory"
+            ],
+        ),
+    ]
+
+
+@prevents(Cause.MEMORY_GROWTH, Cause.MEMORY_CREEP)
+def _memory_history(ctx: Context, c: Candidate) -> list[Setting]:
+    evidence = [e for e in c.evidence if "grew" in e] or c.evidence[:1]
+    return [
+        Setting(
+            "torch.cuda.memory._record_memory_history",
+            "max_entries=100000, dumped with torch.cuda.memory._dump_snapshot on OOM",
+            SCRIPT,
+            [*evidence, "the memory series do not say which tensors held it; a snapshot does"],
+        )
+    ]
+
+
+@prevents(Cause.OOM_UNEXPLAINED)
+def _unexplained_settings(ctx: Context, c: Candidate) -> list[Setting]:
+    return _micro_batches(ctx, c) + _memory_history(ctx, c)

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainguard import contract
-from trainguard.contract import Failure
+from trainguard.contract import Cause, Failure
+from trainguard.diagnose.analysis import explains
 from trainguard.diagnose.context import Context, ranks_text, utc
 from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Symptom
+from trainguard.diagnose.prevent import nothing, prevents
 from trainguard.diagnose.prometheus import Series
 
 # Signals another process sends to stop a worker: the agent tearing a group down, a repair's
@@ -89,6 +91,7 @@ class Death:
         )
 
 
+@explains(Failure.RANK_FAILURE, after=(Failure.GPU_FAULT, Failure.OOM, Failure.HANG))
 def analyse(ctx: Context) -> None:
     """A restart of the worker group (the restart count rose), or failed workers in the
     agents' logs, and the rank whose failure came first."""
@@ -117,7 +120,8 @@ def analyse(ctx: Context) -> None:
     if when is not None:
         repair = next((a for t, a in ctx.repairs if when - REPAIR_LEAD_SECONDS <= t <= when), None)
         if repair is not None:
-            _report_planned(ctx, when, restarts, f"the remediation service's {repair}", "repair")
+            why = f"the remediation service's {repair}"
+            _report_planned(ctx, when, restarts, why, Cause.REPAIR)
             return
         if _shrank(sig.world_size, when):
             sizes = [v for s in sig.world_size for _, v in s.points if v == v]
@@ -127,7 +131,7 @@ def analyse(ctx: Context) -> None:
                 restarts,
                 f"the job re-formed at world size {min(sizes):.0f} (from {max(sizes):.0f}): a "
                 "node left it (an exclusion)",
-                "node_left",
+                Cause.NODE_LEFT,
             )
             return
     _report(ctx, root, pool, when, restarts, deaths)
@@ -142,7 +146,7 @@ def _shrank(world_size: list[Series], when: float) -> bool:
     return bool(before and after) and min(after) < max(before)
 
 
-def _report_planned(ctx: Context, when: float, restarts: float, why: str, cause: str) -> None:
+def _report_planned(ctx: Context, when: float, restarts: float, why: str, cause: Cause) -> None:
     """A restart something else explains (a repair, a node leaving the job): reported, below
     every failure, and no rank is blamed."""
     summary = (
@@ -338,7 +342,7 @@ def _candidate(
     }
     if root is None:
         return Candidate(
-            "rank_failure_unnamed",
+            Cause.RANK_FAILURE_UNNAMED,
             "A worker failed and torchrun restarted the group; the agents' logs given do not "
             "name it",
             _SECONDARY,
@@ -356,7 +360,7 @@ def _candidate(
     who = f"Rank {root.rank}" if root.rank is not None else f"Local rank {root.local_rank}"
     if root.exitcode in _FROM_OUTSIDE:
         return Candidate(
-            "workers_terminated",
+            Cause.WORKERS_TERMINATED,
             f"The workers were stopped from outside ({root.how}): a restart by the "
             "remediation service or the scheduler, not a failed rank",
             _SECONDARY,
@@ -370,7 +374,7 @@ def _candidate(
         )
     if root.exitcode is not None and root.exitcode < 0:
         return Candidate(
-            "rank_killed",
+            Cause.RANK_KILLED,
             f"{who} was killed by {root.signal or 'a signal'}; the other ranks failed after it",
             0.8 if root.rank is not None else 0.5,
             evidence,
@@ -385,7 +389,7 @@ def _candidate(
         )
     output = f"'[rank{root.rank}]:' lines" if root.rank is not None else "its lines"
     return Candidate(
-        "rank_error",
+        Cause.RANK_ERROR,
         f"{who} exited with an error ({root.how}); the other ranks failed after it",
         0.8 if root.rank is not None else 0.5,
         evidence,
@@ -401,3 +405,8 @@ def _candidate(
         ],
         facts,
     )
+
+
+# A restart the service's repair or a node leaving the job explains: nothing failed, so nothing
+# is to be prevented (the incident of what the repair answered has its own prevention).
+prevents(Cause.REPAIR, Cause.NODE_LEFT, answers=lambda ctx: None)(nothing)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from trainguard import contract
 from trainguard.diagnose.prometheus import PrometheusClient, Series
-from trainguard.thresholds import Thresholds, load_default
+from trainguard.thresholds import Thresholds
 
 RANK_BY = ", ".join(contract.RANK_IDENTITY_LABELS)
 # Selectors of raw series (not recording rules, whose names hold colons) in a rule expression.
@@ -33,23 +33,17 @@ class NoDataError(RuntimeError):
 
 
 @functools.cache
-def _rules() -> dict[str, str]:
-    """Recording-rule name -> expression, rendered from the packaged thresholds."""
+def _rules(t: Thresholds) -> dict[str, str]:
+    """Recording-rule name -> expression, as the rules are rendered from ``t``."""
     from trainguard.alerts.rules import recording_rules
 
-    return {rule["record"]: rule["expr"] for rule in recording_rules(thresholds())}
+    return {rule["record"]: rule["expr"] for rule in recording_rules(t)}
 
 
-@functools.cache
-def thresholds() -> Thresholds:
-    """The thresholds the diagnosis judges by (the same file the rules come from)."""
-    return load_default()
-
-
-def harmful_throttle_reason(reason: str, limits: Thresholds | None = None) -> bool:
+def harmful_throttle_reason(reason: str, limits: Thresholds) -> bool:
     """Whether a throttle reason holds clocks down harmfully: it matches the thresholds'
     ``thermal_throttle_reasons`` (the GpuThermalThrottling alert's anchored RE2 regex)."""
-    pattern = (limits or thresholds()).thermal_throttle_reasons
+    pattern = limits.thermal_throttle_reasons
     return re.fullmatch(pattern, reason) is not None
 
 
@@ -58,11 +52,11 @@ def promql_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def rule_query(name: str, matchers: str) -> str:
-    """``name{matchers}``, or that ``or`` the rule's expression on raw series with the same
-    matchers when the rule reads raw series only."""
+def rule_query(name: str, matchers: str, t: Thresholds) -> str:
+    """``name{matchers}``, or that ``or`` the rule's expression (as rendered from ``t``) on raw
+    series with the same matchers when the rule reads raw series only."""
     recorded = f"{name}{{{matchers}}}"
-    expr = _rules().get(name)
+    expr = _rules(t).get(name)
     if expr is None or _RECORDED_NAME.search(expr):
         return recorded
     raw = _RAW_SELECTOR.sub(lambda m: f"{m.group(1)}{{{matchers}}}", expr)
@@ -177,10 +171,16 @@ def grid_step(start: float, end: float, points: int = 360, minimum: float = 15.0
 
 
 def collect(
-    client: PrometheusClient, job_id: str, start: float, end: float, min_step: float = 15.0
+    client: PrometheusClient,
+    job_id: str,
+    start: float,
+    end: float,
+    thresholds: Thresholds,
+    min_step: float = 15.0,
 ) -> Signals:
     """Query everything about ``job_id`` in [start, end]; NoDataError when there is nothing.
-    ``min_step`` is the finest query step (the scrape interval)."""
+    ``min_step`` is the finest query step (the scrape interval); ``thresholds`` are those the
+    rules were rendered from, whose expressions stand in for a recorded series not yet there."""
     c = contract
     step = grid_step(start, end, minimum=min_step)
     job = f"{c.LABEL_JOB_ID}={promql_string(job_id)}"
@@ -192,8 +192,8 @@ def collect(
         return rng(f"{how} by ({RANK_BY}) ({metric}{{{job}}})")
 
     sig = Signals(job_id=job_id, start=start, end=end, step=step)
-    compute = rng(rule_query(c.REC_RANK_COMPUTE_MEAN, job))
-    step_time = rng(rule_query(c.REC_RANK_STEP_DURATION_MEAN, job))
+    compute = rng(rule_query(c.REC_RANK_COMPUTE_MEAN, job, thresholds))
+    step_time = rng(rule_query(c.REC_RANK_STEP_DURATION_MEAN, job, thresholds))
     steps = rank_sum(c.STEPS.name)
     last_step = rank_sum(c.LAST_STEP_TIMESTAMP.name, "max")
     allocated = rank_sum(c.MEMORY_ALLOCATED.name)
@@ -209,10 +209,10 @@ def collect(
     sig.last_step = _by_rank(last_step)
     sig.allocated = _by_rank(allocated)
     sig.oldest_inflight = _by_rank(oldest)
-    sig.sync_wait = _by_rank(rng(rule_query(c.REC_RANK_SYNC_WAIT_MEAN, job)))
-    sig.steps_rate = _by_rank(rng(rule_query(c.REC_RANK_STEPS_RATE, job)))
+    sig.sync_wait = _by_rank(rng(rule_query(c.REC_RANK_SYNC_WAIT_MEAN, job, thresholds)))
+    sig.steps_rate = _by_rank(rng(rule_query(c.REC_RANK_STEPS_RATE, job, thresholds)))
     phases: dict[int, dict[str, Series]] = defaultdict(dict)
-    for s in rng(rule_query(c.REC_RANK_PHASE_MEAN, job)):
+    for s in rng(rule_query(c.REC_RANK_PHASE_MEAN, job, thresholds)):
         try:
             phases[int(s.label(c.LABEL_RANK))][s.label(c.LABEL_PHASE)] = s
         except ValueError:
@@ -221,8 +221,8 @@ def collect(
     sig.reserved = _by_rank(rank_sum(c.MEMORY_RESERVED.name))
     sig.capacity = _by_rank(rank_sum(c.MEMORY_CAPACITY.name))
     sig.fragmentation = _by_rank(rank_sum(c.MEMORY_FRAGMENTATION.name, "max"))
-    sig.headroom = _by_rank(rng(rule_query(c.REC_RANK_MEMORY_HEADROOM, job)))
-    sig.at_capacity = _by_rank(rng(rule_query(c.REC_RANK_MEMORY_AT_CAPACITY, job)))
+    sig.headroom = _by_rank(rng(rule_query(c.REC_RANK_MEMORY_HEADROOM, job, thresholds)))
+    sig.at_capacity = _by_rank(rng(rule_query(c.REC_RANK_MEMORY_AT_CAPACITY, job, thresholds)))
     sig.elastic_restarts = _by_rank(rank_sum(c.ELASTIC_RESTARTS.name, "max"))
     sig.world_size = rng(f"min({c.WORLD_SIZE.name}{{{job}}})")
     sig.oom_events = _by_rank(rank_sum(c.OOM_EVENTS.name))
@@ -230,10 +230,10 @@ def collect(
     sig.launched = _by_rank(rank_sum(c.COLLECTIVES_LAUNCHED.name))
     sig.stalls = _by_rank(rank_sum(c.COLLECTIVE_STALLS.name))
     sig.timeouts = _by_rank(rank_sum(c.COLLECTIVE_TIMEOUTS.name))
-    sig.laggard = rng(rule_query(c.REC_JOB_COLLECTIVE_LAGGARD, job))
+    sig.laggard = rng(rule_query(c.REC_JOB_COLLECTIVE_LAGGARD, job, thresholds))
     threshold = rng(f"{c.REC_JOB_STALL_THRESHOLD}{{{job}}}")
     sig.stall_threshold = threshold[0] if threshold else None
-    p99 = rng(rule_query(c.REC_JOB_GRAD_SYNC_P99, job))
+    p99 = rng(rule_query(c.REC_JOB_GRAD_SYNC_P99, job, thresholds))
     sig.grad_sync_p99 = p99[0] if p99 else None
     window = f"{max(int(end - start), 60)}s"
     sig.grad_sync_p999_seconds = _instant(

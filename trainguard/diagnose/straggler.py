@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainguard import contract
-from trainguard.contract import Failure
+from trainguard.contract import Cause, Failure
+from trainguard.diagnose.analysis import explains
 from trainguard.diagnose.context import (
     Context,
     between,
@@ -20,8 +21,9 @@ from trainguard.diagnose.context import (
     runs,
     utc,
 )
-from trainguard.diagnose.gpu import Window, max_temperature, throttling
-from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Symptom
+from trainguard.diagnose.gpu_throttling import Window, max_temperature, throttling
+from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Setting, Symptom
+from trainguard.diagnose.prevent import SCHEDULER, elastic_minimum, prevents
 from trainguard.diagnose.signals import Signals
 
 PHASE_ORDER = ("data", "forward", "backward", "optimizer", "sync_wait")
@@ -92,6 +94,7 @@ class _Found:
     facts: dict[str, Any]
 
 
+@explains(Failure.STRAGGLER, after=(Failure.GPU_FAULT,))
 def analyse(ctx: Context) -> None:
     """Stragglers, then what explains the slowest: throttling, the node, data, or the rank."""
     stragglers = find_stragglers(ctx)
@@ -120,7 +123,7 @@ def analyse(ctx: Context) -> None:
     )
     matched = _throttled(ctx, found)
     xid_nodes = {
-        str(c.facts.get("node")) for c in ctx.report.candidates if c.cause.startswith("xid_")
+        str(c.facts.get("node")) for c in ctx.report.candidates if c.cause is Cause.GPU_XID
     }
     if scope.level is ScopeLevel.NODE and not matched:
         _node_degraded(ctx, found)
@@ -212,7 +215,7 @@ def _throttled(ctx: Context, found: _Found) -> bool:
         reasons = sorted({w.what for w in windows})
         ctx.candidate(
             Candidate(
-                Failure.GPU_THROTTLING.value,
+                Cause.GPU_THROTTLING,
                 f"GPU(s) {', '.join(gpu_list)} of node {node} held their clocks down "
                 f"({', '.join(reasons)}) while its ranks straggled",
                 0.9,
@@ -243,7 +246,7 @@ def _node_degraded(ctx: Context, found: _Found) -> None:
     nodes = ", ".join(found.scope.nodes)
     ctx.candidate(
         Candidate(
-            "node_degraded",
+            Cause.NODE_DEGRADED,
             f"Node {nodes} is slow as a whole (no GPU throttling or Xid recorded for it)",
             0.7,
             found.evidence,
@@ -261,7 +264,7 @@ def _node_degraded(ctx: Context, found: _Found) -> None:
 def _data_loading(ctx: Context, found: _Found, matched: bool) -> None:
     ctx.candidate(
         Candidate(
-            "data_loading",
+            Cause.DATA_LOADING,
             f"Rank {found.worst.rank} waits for its data loader",
             0.8 if not matched else 0.5,
             found.evidence,
@@ -279,7 +282,7 @@ def _slow_rank(ctx: Context, found: _Found, on_xid_node: bool) -> None:
     sig, rank = ctx.sig, found.worst.rank
     ctx.candidate(
         Candidate(
-            "slow_gpu_or_process",
+            Cause.SLOW_GPU_OR_PROCESS,
             f"Rank {rank} computes slowly in {found.slow_phase or 'its step'} on its own",
             0.6 if not on_xid_node else 0.4,
             found.evidence,
@@ -291,8 +294,36 @@ def _slow_rank(ctx: Context, found: _Found, on_xid_node: bool) -> None:
             [
                 "Keep trainguard's TrainingStraggler alert on: it names the rank and its "
                 "slow phase once the ratio holds for `straggler_for` "
-                "(alerts/trainguard/alerts/thresholds.yml)."
+                "(trainguard/thresholds.yml)."
             ],
             found.facts,
         )
     )
+
+
+# --- prevention -------------------------------------------------------------------------------
+@prevents(Cause.NODE_DEGRADED, Cause.SLOW_GPU_OR_PROCESS, Cause.GPU_THROTTLING)
+def _node_settings(ctx: Context, c: Candidate) -> list[Setting]:
+    nodes = [str(c.facts["node"])] if "node" in c.facts else ctx.report.scope.nodes
+    ratio, phase = c.facts.get("ratio"), c.facts.get("slow_phase")
+    why = f"{ratio:.2f}x the job's median compute time" if ratio else "a straggler"
+    if phase:
+        why += f", slowest in {phase}"
+    settings = [elastic_minimum(ctx, nodes, why)]
+    reasons = c.facts.get("reasons")
+    checks = (
+        f"fail on clocks-event reasons {', '.join(map(str, reasons))}"
+        if isinstance(reasons, list) and reasons
+        else "fail on any clocks-event reason but idle"
+    )
+    settings.append(
+        Setting(
+            "GPU health check",
+            f"nvidia-smi -q -d PERFORMANCE,TEMPERATURE ({checks}); dcgmi diag -r 2 before "
+            "a node returns to service",
+            SCHEDULER,
+            [f"{why} on {', '.join(nodes) or 'its node'}"]
+            + [e for e in c.evidence if "temperature" in e or "throttled" in e.lower()],
+        )
+    )
+    return settings

@@ -18,14 +18,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainguard.contract import Failure, IncidentOutcome, JobOutcome
+from trainguard.contract import FAILURES, Failure, IncidentOutcome, JobOutcome
 from trainguard.diagnose.model import IncidentRecord, Report, RungTried, Validation
 
 INCIDENTS_PATH = "/v1/incidents"
 
 # A hang the service acted on may be diagnosed as the NCCL timeout it became, and the reverse.
-_SAME_FAILURE = {Failure.HANG: Failure.NCCL_TIMEOUT, Failure.NCCL_TIMEOUT: Failure.HANG}
-
 E = TypeVar("E", bound=enum.Enum)
 
 
@@ -92,9 +90,7 @@ def validate(
 ) -> Validation:
     """The job's incidents, checked, ordered by detection, and set against the diagnosis."""
     found = Validation(source, gap=gap)
-    seen = {s.failure for s in report.symptoms} | {
-        Failure(c.cause) for c in report.candidates if c.cause in Failure._value2member_map_
-    }
+    seen = {s.failure for s in report.symptoms} | {c.cause.failure for c in report.candidates}
     for index, doc in enumerate(docs):
         try:
             incident = parse(doc)
@@ -106,8 +102,8 @@ def validate(
             found.notes.append(f"incident {incident.id} is of job {job!r}, not this one: left out")
             continue
         if incident.failure is not None:
-            same = _SAME_FAILURE.get(incident.failure)
-            incident.diagnosed = incident.failure in seen or same in seen
+            same = {incident.failure, *FAILURES[incident.failure].same_fault_as}
+            incident.diagnosed = bool(same & seen)
         found.incidents.append(incident)
     found.incidents.sort(key=lambda i: (i.detected_at or i.received_at or 0.0, i.id))
     return found

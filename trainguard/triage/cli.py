@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from trainguard.contract import FAILURES
 from trainguard.thresholds import load_default
-from trainguard.triage.detectors import DETECTORS, default_detectors
+from trainguard.triage.detectors import default_detectors
 from trainguard.triage.findings import Finding
 from trainguard.triage.scanner import Progress, Scanner, ScanStats
 
@@ -29,7 +30,8 @@ exit status: {EXIT_FOUND} when a failure was found, {EXIT_NOTHING_FOUND} when no
 {EXIT_UNREADABLE} when nothing was found and some input could not be read, 2 on a usage error.
 Directories are read recursively; *.gz files are decompressed; '-' reads standard input."""
 
-_ORDER = {detector.failure: index for index, detector in enumerate(DETECTORS)}
+# Findings are listed failure by failure in the catalogue's order: causes before what they cause.
+_ORDER = {failure: index for index, failure in enumerate(FAILURES)}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from trainguard.contract import Failure
+from trainguard.thresholds import Thresholds
 from trainguard.triage.detectors import default_detectors
 from trainguard.triage.scanner import Scanner
 
@@ -101,9 +102,9 @@ def _excerpt(log: Path, category: str, meta: Any, categories: set[str]) -> Excer
     )
 
 
-def triage(path: Path) -> list[dict[str, Any]]:
-    """What ``trainguard triage --json`` reports for one file, with the default thresholds."""
-    scanner = Scanner(default_detectors())
+def triage(path: Path, thresholds: Thresholds) -> list[dict[str, Any]]:
+    """What ``trainguard triage --json`` reports for one file, judging by ``thresholds``."""
+    scanner = Scanner(default_detectors(thresholds))
     scanner.scan_paths([str(path)])
     return [finding.to_json() for finding in scanner.findings()]
 
@@ -181,8 +182,6 @@ class Score:
         return [v for v in self.verdicts if not v.correct]
 
 
-def score(
-    excerpts: Iterable[Excerpt],
-    run: Callable[[Path], list[dict[str, Any]]] = triage,
-) -> Score:
-    return Score([judge(excerpt, run(excerpt.path)) for excerpt in excerpts])
+def score(excerpts: Iterable[Excerpt], thresholds: Thresholds) -> Score:
+    """Each excerpt judged on what triage reports for it, judging by ``thresholds``."""
+    return Score([judge(excerpt, triage(excerpt.path, thresholds)) for excerpt in excerpts])

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from trainguard.triage import normalize
-from trainguard.triage.detectors import Detector, Source, default_detectors
+from trainguard.triage.detectors import Detector, Source
 from trainguard.triage.findings import Finding, Location
 
 CHUNK_BYTES = 8 << 20
@@ -96,13 +96,13 @@ class Scanner:
 
     def __init__(
         self,
-        detectors: list[Detector] | None = None,
+        detectors: list[Detector],
         *,
         progress: Progress | None = None,
         chunk_bytes: int = CHUNK_BYTES,
         max_line_bytes: int = MAX_LINE_BYTES,
     ) -> None:
-        self.detectors = detectors if detectors is not None else default_detectors()
+        self.detectors = detectors
         self.stats = ScanStats()
         self._progress = progress
         self._chunk_bytes = chunk_bytes

@@ -192,24 +192,15 @@ DRIVER_EVENTS: dict[str, DriverEvent] = {
 }
 
 
-def driver_event_drain(event: str, critical: Collection[int] | None = None) -> str:
+def driver_event_drain(event: str, critical: Collection[int]) -> str:
     """The drain decision for a driver failure reported without an Xid."""
     like = DRIVER_EVENTS[event].like_xid
     return "unknown" if like is None else lookup(like, critical).drain
 
 
-def critical_xids() -> frozenset[int]:
-    """``xid_critical`` of the packaged thresholds: the Xids that page and drain the node."""
-    from trainguard.thresholds import load_default
-
-    return frozenset(load_default().xid_critical)
-
-
-def lookup(code: int, critical: Collection[int] | None = None) -> XidInfo:
-    """Meaning, drain decision and advice for ``code``; ``critical`` defaults to the packaged
-    thresholds' ``xid_critical``."""
-    if critical is None:
-        critical = critical_xids()
+def lookup(code: int, critical: Collection[int]) -> XidInfo:
+    """Meaning, drain decision and advice for ``code``; ``critical``: the thresholds'
+    ``xid_critical``, the Xids that page and drain the node."""
     fact = CATALOGUE.get(code)
     if code in critical:
         fact = fact or _UNKNOWN

@@ -1,6 +1,8 @@
-"""The detectors of ``trainguard triage``, one module each, and the registry that builds them.
+"""The detectors of ``trainguard triage``, one module per failure, and how triage builds them.
 
-Importing a detector's module registers it (``base.register``); :data:`REPORT_ORDER` fixes the
+Each module is named after the failure it finds (``oom``, ``nccl_timeout``, ``rank_failure``,
+...) and registers its detector class under ``base.DETECTORS``; :func:`default_detectors`
+builds one of each, in the catalogue's order (causes before what they cause), which is the
 order findings are reported in.
 """
 
@@ -8,47 +10,34 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainguard.contract import Failure
-from trainguard.thresholds import Thresholds, load_default
-from trainguard.triage.detectors import (  # noqa: F401  (imported to register)
-    elastic,
-    nccl_error,
-    nccl_timeout,
-    oom,
-    straggler,
-    xid,
-)
-from trainguard.triage.detectors.base import REGISTRY, Detector, DetectorType, Source
-
-# The order findings are reported in: what a rank hit before what its peers saw of it.
-REPORT_ORDER = (
-    Failure.OOM,
-    Failure.NCCL_TIMEOUT,
-    Failure.NCCL_ERROR,
-    Failure.GPU_FAULT,
-    Failure.RANK_FAILURE,
-    Failure.STRAGGLER,
-)
-DETECTORS: tuple[DetectorType, ...] = tuple(
-    sorted(REGISTRY, key=lambda d: REPORT_ORDER.index(d.failure))
-)
+from trainguard.contract import FAILURES, Catalogue
+from trainguard.thresholds import Thresholds
+from trainguard.triage.detectors.base import DETECTORS, Detector, DetectorType, Source
 
 __all__ = [
     "DETECTORS",
-    "REPORT_ORDER",
     "Detector",
     "DetectorType",
     "Source",
     "default_detectors",
+    "detector_types",
 ]
 
 
+def detector_types(catalogue: Catalogue = FAILURES) -> list[DetectorType]:
+    """Every registered detector class, in the catalogue's order."""
+    return [detector for _, detector in catalogue.implementations(DETECTORS)]
+
+
 def default_detectors(
-    thresholds: Thresholds | None = None, *, straggler_factor: float | None = None
+    thresholds: Thresholds,
+    *,
+    straggler_factor: float | None = None,
+    catalogue: Catalogue = FAILURES,
 ) -> list[Detector]:
-    """One of each registered detector, judging by ``thresholds`` (default: the packaged
-    thresholds.yml); ``straggler_factor`` overrides its ``straggler_factor``."""
-    t = thresholds if thresholds is not None else load_default()
+    """One of each registered detector, judging by ``thresholds``; ``straggler_factor``
+    overrides its ``straggler_factor``."""
+    t = thresholds
     if straggler_factor is not None:
         t = dataclasses.replace(t, straggler_factor=straggler_factor)
-    return [detector.from_thresholds(t) for detector in DETECTORS]
+    return [detector.from_thresholds(t) for detector in detector_types(catalogue)]

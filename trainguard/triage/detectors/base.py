@@ -5,7 +5,9 @@ A detector names the literal keywords its lines always contain; the scanner only
 holding one of them, found by searching whole chunks for the detectors' needles (the keywords,
 or words they share), which is what keeps triage fast on gigabytes of noise. Each detector keeps
 a bounded number of distinct failures (``MAX_GROUPS``) and counts what it had to leave out.
-Detectors register themselves (:func:`register`) in the order findings are reported in.
+Each failure's detector lives in the module named after it (``detectors/oom.py``, ...) and
+registers itself under :data:`DETECTORS` (``@register``); triage builds one of each, failure by
+failure in the catalogue's order, which is the order findings are reported in.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from trainguard.contract import Failure
+from trainguard.contract import Failure, Role
 from trainguard.thresholds import Thresholds
 from trainguard.triage.findings import Finding, Location
 
@@ -59,18 +61,15 @@ class DetectorType(Protocol):
     def from_thresholds(self, thresholds: Thresholds) -> Detector: ...
 
 
-# Every detector class, in the order findings are reported in (its module's import order in
-# ``trainguard.triage.detectors``).
-REGISTRY: list[DetectorType] = []
+# What a failure's module in this package registers: its detector class.
+DETECTORS: Role[DetectorType] = Role("triage detector", "trainguard.triage.detectors")
 
 D = TypeVar("D", bound=DetectorType)
 
 
 def register(detector: D) -> D:
-    """Class decorator: add a detector to the registry (once)."""
-    if any(existing.failure is detector.failure for existing in REGISTRY):
-        raise ValueError(f"a detector for {detector.failure.value} is already registered")
-    REGISTRY.append(detector)
+    """Class decorator: ``detector`` is triage's detector of its ``failure``."""
+    DETECTORS.register(detector.failure)(detector)
     return detector
 
 

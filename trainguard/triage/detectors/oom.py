@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-from trainguard.contract import Failure
+from trainguard.contract import Cause, Failure
 from trainguard.thresholds import Thresholds
 from trainguard.triage.detectors.base import (
     SIZE,
@@ -371,7 +371,7 @@ class CudaOomDetector:
             )
         tried = fields.get("tried_bytes")
         if tried is None:  # the exception's first sentence only
-            fields["verdict"] = "does_not_fit"
+            fields["verdict"] = Cause.DOES_NOT_FIT.value
             return Finding(
                 Failure.OOM,
                 f"CUDA out of memory on {where_text} (the message's figures are not in the log)",
@@ -411,7 +411,7 @@ class CudaOomDetector:
                 "PyTorch: max_split_size_mb) and avoid tensors whose shapes change every step."
             )
         else:
-            fields["verdict"] = "does_not_fit"
+            fields["verdict"] = Cause.DOES_NOT_FIT.value
             advice.append(
                 "The step needs more memory than the GPU has: lower the micro-batch and keep the "
                 "global batch with gradient accumulation, enable activation checkpointing, use "

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from trainguard.contract import Failure
-from trainguard.thresholds import Thresholds, load_default
+from trainguard.thresholds import Thresholds
 from trainguard.triage.detectors.base import (
     MAX_LISTED,
     Source,
@@ -285,11 +285,7 @@ class StragglerDetector:
     def from_thresholds(cls, thresholds: Thresholds) -> StragglerDetector:
         return cls(thresholds.straggler_factor, thresholds.straggler_min_ranks)
 
-    def __init__(self, factor: float | None = None, min_ranks: int | None = None) -> None:
-        if factor is None or min_ranks is None:
-            defaults = load_default()
-            factor = defaults.straggler_factor if factor is None else factor
-            min_ranks = defaults.straggler_min_ranks if min_ranks is None else min_ranks
+    def __init__(self, factor: float, min_ranks: int) -> None:
         self.dropped = 0
         self.factor = factor
         self.min_ranks = max(min_ranks, 2)  # a rank needs at least one peer to compare with

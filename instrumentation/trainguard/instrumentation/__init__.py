@@ -1,9 +1,0 @@
-"""The torch instrumentation hook: ``trainguard.instrument(model, optimizer)``.
-
-See :mod:`.hook` for what it does on the training thread and what it leaves to its threads.
-"""
-
-from .config import Identity, InstrumentationConfig
-from .hook import Instrumentation, instrument
-
-__all__ = ["Identity", "Instrumentation", "InstrumentationConfig", "instrument"]

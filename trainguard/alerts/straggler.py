@@ -1,0 +1,111 @@
+"""Alert and recording rules of the ``straggler`` failure: one rank's compute slower than its
+job's median."""
+
+from __future__ import annotations
+
+from trainguard import contract as c
+from trainguard.alerts.promql import (
+    PHASE,
+    RANK,
+    J,
+    R,
+    num,
+    on_scheduler_of_job,
+    warmed_up,
+    with_labels,
+)
+from trainguard.alerts.rule import (
+    ALERT_RULES,
+    RECORDING_RULES,
+    WHO_START,
+    AlertRule,
+    Recorded,
+    RecordingGroup,
+)
+from trainguard.contract import Alert, Failure, Severity
+from trainguard.thresholds import Thresholds
+
+
+def _straggler(t: Thresholds) -> AlertRule:
+    """Compute time (not step time) against the job median; the label names the slowest phase."""
+    straggler = (
+        f"{c.REC_RANK_COMPUTE_RATIO} >= {num(t.straggler_factor)}\n"
+        f"and on ({J}) ({c.REC_JOB_RANKS_REPORTING} >= {t.straggler_min_ranks})\n"
+        f"and on ({J}, {R}) ({warmed_up(t)})"
+    )
+    return AlertRule(
+        alert=Alert.TRAINING_STRAGGLER,
+        severity=Severity.WARNING,
+        expr=on_scheduler_of_job(
+            with_labels(
+                straggler, f"{J}, {R}", PHASE, c.REC_RANK_SLOWEST_PHASE, c.REC_RANK_COMPUTE_RATIO
+            ),
+            c.REC_JOB_RANKS_REPORTING,
+        ),
+        for_=t.straggler_for,
+        summary="Straggler: rank {{ $labels.rank }} of job {{ $labels.job_id }} on node "
+        "{{ $labels.node }}",
+        description=f"{WHO_START} needs "
+        "{{ $value | printf `%.2f` }}x the job's median step compute time "
+        f"(threshold {num(t.straggler_factor)}x) for {t.straggler_for}; every other "
+        "rank waits for it at each gradient sync. Slowest phase: "
+        "{{ or $labels.phase `unknown` }}.",
+    )
+
+
+@ALERT_RULES.register(Failure.STRAGGLER)
+def rules(t: Thresholds) -> list[AlertRule]:
+    return [_straggler(t)]
+
+
+@RECORDING_RULES.register(Failure.STRAGGLER)
+def recording(t: Thresholds) -> list[Recorded]:
+    """Each rank against its job's recorded median (joined on the job: a rank is never compared
+    with every other rank), its compute split by phase, and the phase in which it exceeds the
+    job's median most (the alert's label, read for a few ranks, not 4 x every rank)."""
+    jobs, phases, medians = (
+        RecordingGroup.JOBS,
+        RecordingGroup.JOBS_PHASES,
+        RecordingGroup.JOBS_PHASE_MEDIANS,
+    )
+    phase_mean = c.REC_RANK_PHASE_MEAN
+    data = f'{phase_mean}{{{PHASE}="{c.Phase.DATA.value}"}}'
+    forward = f'{phase_mean}{{{PHASE}="{c.Phase.FORWARD.value}"}}'
+    return [
+        Recorded(jobs, c.REC_JOB_RANKS_REPORTING, f"count by ({J}) ({c.REC_RANK_COMPUTE_MEAN})"),
+        Recorded(
+            jobs, c.REC_JOB_COMPUTE_MEDIAN, f"quantile by ({J}) (0.5, {c.REC_RANK_COMPUTE_MEAN})"
+        ),
+        Recorded(
+            jobs,
+            c.REC_RANK_COMPUTE_RATIO,
+            f"{c.REC_RANK_COMPUTE_MEAN}\n/ on ({J}) group_left ()\n{c.REC_JOB_COMPUTE_MEDIAN}",
+        ),
+        # Compute time split by phase: data and forward as measured; backward compute is what
+        # is left of the compute time, since the backward phase also holds the wait on peers.
+        # Equality matchers on the recorded means (no regex over the ranks' series).
+        Recorded(
+            phases,
+            c.REC_RANK_PHASE_COMPUTE_MEAN,
+            f"{data}\nor\n{forward}\nor\nlabel_replace(\n  clamp_min(\n"
+            f"    {c.REC_RANK_COMPUTE_MEAN}\n    - on ({RANK})\n"
+            f"    sum by ({RANK}) ({data} or {forward}),\n"
+            f'    0\n  ),\n  "{PHASE}", "{c.Phase.BACKWARD.value}", "", ""\n)',
+        ),
+        Recorded(
+            medians,
+            c.REC_JOB_PHASE_COMPUTE_MEDIAN,
+            f"quantile by ({J}, {PHASE}) (0.5, {c.REC_RANK_PHASE_COMPUTE_MEAN})",
+        ),
+        Recorded(
+            medians,
+            c.REC_RANK_PHASE_COMPUTE_EXCESS,
+            f"{c.REC_RANK_PHASE_COMPUTE_MEAN}\n- on ({J}, {PHASE}) group_left ()\n"
+            f"{c.REC_JOB_PHASE_COMPUTE_MEDIAN}",
+        ),
+        Recorded(
+            medians,
+            c.REC_RANK_SLOWEST_PHASE,
+            f"topk by ({J}, {R}) (1, {c.REC_RANK_PHASE_COMPUTE_EXCESS})",
+        ),
+    ]
