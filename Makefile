@@ -40,7 +40,7 @@ demo: install
 	$(BIN)/python -m trainguard demo $(DEMO_ARGS)
 
 bench: install
-	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python -m benchmarks.overhead
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -23,7 +23,7 @@ alternating: a server is started, and scraped once as soon as it prints its addr
 What sampling costs: ours' CPU time (its own process, not the log follower) while it is left
 alone, not scraped, for ``--idle-seconds`` at each size, the other servers stopped.
 
-    .venv/bin/python benchmarks/exporter_scrape.py [--rounds 8] [--scrapes 100] [--startups 10]
+    .venv/bin/python -m benchmarks.exporter_scrape [--rounds 8] [--scrapes 100] [--startups 10]
 
 ``--follow-mb MB`` also measures how fast ours follows an NCCL debug log of that size from its
 start, and its memory (exporter and its children) while it does.

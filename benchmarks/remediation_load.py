@@ -29,7 +29,7 @@ every notification it accepted is decided, before the floor's round starts, and 
 that took after the round's last answer and the round's alerts over the time from its first
 request to that last decision (the rate the service accepted *and* decided them).
 
-    .venv/bin/python benchmarks/remediation_load.py [--rounds 6] [--seconds 10] [--connections 4]
+    .venv/bin/python -m benchmarks.remediation_load [--rounds 6] [--seconds 10] [--connections 4]
 
 ``--database-url postgresql://...`` measures the Postgres store instead (an empty database;
 the server shares the machine's cores with the service and the generator).

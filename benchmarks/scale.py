@@ -40,7 +40,7 @@ process group and is stopped on exit, Ctrl-C or SIGTERM included. Bounded: Prome
 above ``--max-rss-gb`` (16) ends a size, and so does the ``--time-budget`` (30 minutes for the
 whole benchmark; the default sizes take about 18 here), which a size that runs past fails.
 
-    .venv/bin/python benchmarks/scale.py [--sizes 256,1024,4096] [--for-cap 2m] [--json out.json]
+    .venv/bin/python -m benchmarks.scale [--sizes 256,1024,4096] [--for-cap 2m] [--json out.json]
 
 Targets (issue 19): at 4,096 ranks every rule group evaluates in under 1 s, both alerts fire
 within the 4-rank reference's time plus one evaluation interval, and no other rank alerts.
@@ -53,14 +53,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -68,25 +67,26 @@ from typing import Any, TypeVar
 import httpx
 import psutil
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.harness.processes import Children, RunError, free_port, wait_for
+from benchmarks.harness.prometheus import Api
+from benchmarks.scale_config import (
+    ROOT,
+    SELF_JOB,
+    STALL,
+    STRAGGLER,
+    Settings,
+    eval_interval_s,
+    prometheus_config,
+    write_rules,
+)
 from trainguard import contract
 from trainguard.thresholds import duration_seconds, load_default
 
-ROOT = Path(__file__).resolve().parent.parent
-FLEET = ROOT / "benchmarks" / "fleet.py"
-SHIPPED_CONFIG = ROOT / "deploy" / "prometheus.yml"
 SIZES = (256, 1024, 4096)
 REFERENCE_RANKS = 4
-SELF_JOB = "prometheus"
-STRAGGLER = contract.Alert.TRAINING_STRAGGLER.value
-STALL = contract.Alert.TRAINING_COLLECTIVE_STALLED.value
 POLL_SECONDS = 1.0
 T = TypeVar("T")
-
-
-class RunError(RuntimeError):
-    """A size could not be measured (a child died, a wait ran out, memory ran over)."""
 
 
 def log(message: str) -> None:
@@ -98,217 +98,10 @@ def log(message: str) -> None:
 # --- children -------------------------------------------------------------------------------------
 
 
-class Children:
-    """Every child process of the run, each in a process group of its own, stopped together."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-        with self._lock, log_path.open("ab") as out:
-            proc = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-            self._procs.append(proc)
-        return proc
-
-    def stop(self, *procs: subprocess.Popen[bytes]) -> None:
-        """Stop ``procs`` (all children when none is named): SIGTERM, then SIGKILL after 30 s."""
-        with self._lock:
-            chosen = list(procs) or list(self._procs)
-            self._procs = [p for p in self._procs if p not in chosen]
-        for proc in chosen:
-            if proc.poll() is None:
-                _signal_group(proc, signal.SIGTERM)
-        for proc in chosen:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    with suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, *alive: Any) -> T:
-    """Poll ``probe`` until it returns something truthy; ``RunError`` when ``timeout`` passes or
-    a process of ``alive`` exits."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for proc in alive:
-            if proc.poll() is not None:
-                raise RunError(f"{proc.args[0]} exited ({proc.returncode}) waiting for {what}")
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise RunError(f"not in {timeout:g} s: {what}")
-        time.sleep(POLL_SECONDS)
-
-
 # --- configuration --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Settings:
-    scrape_interval: str | None
-    eval_interval: str | None
-    for_cap: str | None
-    warmup_s: float
-    alert_margin_s: float
-    settle_s: float
-    step_seconds: float
-    slow_factor: float
-    max_rss_bytes: float
-    workdir: Path | None
-    keep: bool
-    # time.monotonic() past which every run stops (--time-budget): the benchmark is bounded.
-    ends_at: float
-    # The rule files every size's Prometheus loads, written once: Prometheus places each group
-    # in its interval by a hash of the group's name and file, so the same files give every run
-    # the same offsets between its groups (a chain of groups lags the same at every size).
-    rule_files: tuple[Path, ...] = ()
-    alert_for_s: tuple[tuple[str, float], ...] = ()
-
-
-def shipped_config() -> dict[str, Any]:
-    config: dict[str, Any] = yaml.safe_load(SHIPPED_CONFIG.read_text())
-    return config
-
-
-def eval_interval_s(settings: Settings) -> float:
-    return duration_seconds(
-        settings.eval_interval or shipped_config()["global"]["evaluation_interval"]
-    )
-
-
-def write_rules(folder: Path, for_cap: str | None) -> tuple[list[Path], dict[str, float]]:
-    """The shipped rule files, every alert's ``for`` capped at ``for_cap``; returns the files
-    and each alert's ``for`` in seconds as loaded (the longest where an alert has several)."""
-    files: list[Path] = []
-    fors: dict[str, float] = {}
-    cap = None if for_cap is None else duration_seconds(for_cap)
-    for i, name in enumerate(shipped_config().get("rule_files", [])):
-        document = yaml.safe_load((SHIPPED_CONFIG.parent / name).resolve().read_text())
-        for group in document["groups"]:
-            for rule in group["rules"]:
-                if "alert" not in rule:
-                    continue
-                seconds = duration_seconds(rule["for"]) if "for" in rule else 0.0
-                if cap is not None and seconds > cap:
-                    rule["for"], seconds = for_cap, cap
-                fors[rule["alert"]] = max(seconds, fors.get(rule["alert"], 0.0))
-        path = folder / f"rules-{i}.yml"
-        path.write_text(yaml.safe_dump(document, sort_keys=False))
-        files.append(path)
-    for alert in (STRAGGLER, STALL):
-        if alert not in fors:
-            raise RunError(f"the shipped rules have no alert {alert}")
-    return files, fors
-
-
-def prometheus_config(
-    settings: Settings, targets: Path, rules: list[Path], address: str
-) -> dict[str, Any]:
-    """The shipped configuration for this run: its intervals, its ranks' scrape job reading
-    ``targets``, a self-scrape job and ``rules``; no exporters, no Alertmanager."""
-    shipped = shipped_config()
-    global_ = dict(shipped["global"])
-    if settings.scrape_interval:
-        global_["scrape_interval"] = settings.scrape_interval
-    if settings.eval_interval:
-        global_["evaluation_interval"] = settings.eval_interval
-    ranks = next(j for j in shipped["scrape_configs"] if j["job_name"] == contract.SCRAPE_JOB_RANKS)
-    ranks = {k: v for k, v in ranks.items() if not k.endswith("_sd_configs")}
-    ranks["file_sd_configs"] = [{"files": [str(targets)]}]
-    if settings.scrape_interval:
-        ranks["scrape_interval"] = settings.scrape_interval
-    return {
-        "global": global_,
-        "rule_files": [str(path) for path in rules],
-        **({"storage": shipped["storage"]} if "storage" in shipped else {}),
-        "scrape_configs": [
-            ranks,
-            {"job_name": SELF_JOB, "static_configs": [{"targets": [address]}]},
-        ],
-    }
-
-
 # --- Prometheus -----------------------------------------------------------------------------------
-
-
-class Api:
-    """The HTTP API and own metrics of one Prometheus."""
-
-    def __init__(self, address: str) -> None:
-        self.base = f"http://{address}"
-        self.client = httpx.Client(timeout=60)
-
-    def __enter__(self) -> Api:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.client.close()
-
-    def ready(self) -> bool:
-        try:
-            return self.client.get(f"{self.base}/-/ready").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        response = self.client.get(f"{self.base}/api/v1/query", params={"query": expr})
-        response.raise_for_status()
-        result: list[dict[str, Any]] = response.json()["data"]["result"]
-        return result
-
-    def scalar(self, expr: str) -> float | None:
-        result = self.query(expr)
-        return float(result[0]["value"][1]) if result else None
-
-    def by_group(self, expr: str) -> dict[str, float]:
-        """An instant vector by rule group name (``rule_group`` is ``<file>;<name>``)."""
-        return {
-            _group_name(r["metric"].get("rule_group", "")): float(r["value"][1])
-            for r in self.query(expr)
-        }
-
-    def alerts(self) -> list[dict[str, Any]]:
-        response = self.client.get(f"{self.base}/api/v1/alerts")
-        response.raise_for_status()
-        alerts: list[dict[str, Any]] = response.json()["data"]["alerts"]
-        return alerts
-
-    def rules(self) -> list[dict[str, Any]]:
-        response = self.client.get(f"{self.base}/api/v1/rules")
-        response.raise_for_status()
-        groups: list[dict[str, Any]] = response.json()["data"]["groups"]
-        return groups
-
-    def own_metrics(self) -> dict[str, dict[str, float]]:
-        """Prometheus' own /metrics: sample name -> its rule_group (or '') -> value."""
-        text = self.client.get(f"{self.base}/metrics").text
-        samples: dict[str, dict[str, float]] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                key = _group_name(sample.labels.get("rule_group", ""))
-                samples.setdefault(sample.name, {})[key] = sample.value
-        return samples
-
-
-def _group_name(rule_group: str) -> str:
-    return rule_group.rpartition(";")[2]
 
 
 # --- one size -------------------------------------------------------------------------------------
@@ -448,11 +241,12 @@ class Run:
         r.alert_for_s = {a: fors[a] for a in (STRAGGLER, STALL)}
         targets, ready_file = work / "targets.json", work / "fleet.json"
         fleet = self.children.start(
-            [sys.executable, str(FLEET), "serve", "--ranks", str(self.ranks),
+            [sys.executable, "-m", "benchmarks.fleet", "serve", "--ranks", str(self.ranks),
              "--job-id", f"scale-{self.ranks}", "--file-sd", str(targets),
              "--ready-file", str(ready_file), "--step-seconds", str(s.step_seconds),
              "--slow-factor", str(s.slow_factor)],
             work / "fleet.log",
+            cwd=ROOT,
         )  # fmt: skip
         procs.append(fleet)
         ready = wait_for(

@@ -7,7 +7,7 @@ post the excerpts come from) scores the share of its excerpts that are right, a 
 mean over its threads, and ``corpus_accuracy`` the mean over every failure category's threads.
 Clean logs must produce nothing; ``clean_false`` counts those that did.
 
-    .venv/bin/python benchmarks/triage_accuracy.py [--verbose]
+    .venv/bin/python -m benchmarks.triage_accuracy [--verbose]
 
 The last line is ``corpus_accuracy=<x> files=<n> threads=<t> clean_false=<k>``.
 """

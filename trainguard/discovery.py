@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 
 from trainguard import contract
+from trainguard.background import BackgroundThread
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,10 @@ _LAST_REQUEST_SECONDS = 0.5
 ErrorCallback = Callable[[BaseException], None]
 
 
+# How long stop() may take by default (a deregistration that times out is left to the TTL).
+_STOP_SECONDS = 2.0
+
+
 class RegistrationError(RuntimeError):
     """The service answered with an error status; the message carries its explanation."""
 
@@ -51,7 +56,7 @@ def heartbeat_seconds(ttl_seconds: float) -> float:
     return ttl_seconds / 3
 
 
-class Registration:
+class Registration(BackgroundThread):
     """One target kept registered; ``start`` and ``stop`` are idempotent and never raise."""
 
     def __init__(
@@ -69,6 +74,7 @@ class Registration:
             raise ValueError(
                 f"a discovery TTL of {ttl_seconds} s: expected at least {MIN_TTL_SECONDS:g} s"
             )
+        super().__init__("trainguard-discovery")
         self._endpoint = f"{url.rstrip('/')}{contract.DISCOVERY_PATH}/{kind.value}"
         self.target = target
         self._body = json.dumps(
@@ -78,33 +84,34 @@ class Registration:
         self._interval = heartbeat_seconds(ttl_seconds)
         self._timeout = min(_REQUEST_TIMEOUT_SECONDS, self._interval)
         self._on_error = on_error
-        self._stop = threading.Event()
         # Held around each request, so that a renewal in flight cannot land after the
         # deregistration and bring the target back.
         self._request_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._started = self._stopped = False
         self.renewals = 0
         self.failures = 0
 
     def start(self) -> None:
+        """Register and keep renewing; once stopped, a registration stays withdrawn."""
         with self._lock:
-            if self._thread is not None or self._stop.is_set():
+            if self._started or self._stopped:
                 return
-            self._thread = threading.Thread(
-                target=self._run, name="trainguard-discovery", daemon=True
-            )
-            self._thread.start()
+            self._started = True
+        super().start()
 
-    def stop(self, timeout: float = 2.0) -> None:
-        """Stop renewing and deregister, within about ``timeout`` seconds (a deregistration
-        that fails or times out leaves the target to expire with its TTL)."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop renewing and deregister, within about ``timeout`` seconds (2 by default; a
+        deregistration that fails or times out leaves the target to expire with its TTL)."""
+        timeout = _STOP_SECONDS if timeout is None else timeout
         with self._lock:
-            if self._stop.is_set():
+            if self._stopped:
                 return
-            self._stop.set()
-            started = self._thread is not None
-        if not started:  # nothing was registered
+            self._stopped = True
+        # The heartbeat is not waited for: the request lock below waits for a renewal in
+        # flight, and the thread leaves at its next look at the flag.
+        super().stop(timeout=0)
+        if not self._started:  # nothing was registered
             return
         deadline = time.monotonic() + timeout
         # A renewal in flight holds the request lock; one still running at the deadline may
@@ -121,11 +128,11 @@ class Registration:
                 self._request_lock.release()
 
     # --- the heartbeat thread ------------------------------------------------------------------
-    def _run(self) -> None:
+    def run(self) -> None:
         retry = _RETRY_INITIAL_SECONDS
         while True:
             with self._request_lock:
-                if self._stop.is_set():
+                if self.stopping:
                     return
                 try:
                     self._request("POST", self._endpoint, self._body, self._timeout)
@@ -138,7 +145,7 @@ class Registration:
                     retry = _RETRY_INITIAL_SECONDS
                     wait = self._interval
             # Jitter keeps the ranks of a large job from renewing in lockstep.
-            if self._stop.wait(wait * random.uniform(0.8, 1.0)):
+            if self.sleep(wait * random.uniform(0.8, 1.0)):
                 return
 
     def _failed(self, error: BaseException) -> None:

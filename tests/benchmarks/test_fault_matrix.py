@@ -19,20 +19,17 @@ from typing import Any
 
 import pytest
 
-from benchmarks.fault_matrix import (
+from benchmarks.fault_matrix_plan import (
     CATALOGUE,
     FAULT_AFTER,
     HEALTHY,
     RunPlan,
     RunResult,
-    last_line,
     plan_runs,
-    summarize,
-    table,
 )
+from benchmarks.fault_matrix_report import last_line, summarize, table
 from tests.alerts.tools import REPO, binary
 
-MATRIX = REPO / "benchmarks" / "fault_matrix.py"
 LINE = re.compile(
     r"runs=(\d+) detection=(\S+) root_cause=(\S+) recovery=(\S+) false_alerts=(\d+) "
     r"p95_detect_s=(\S+)"
@@ -86,7 +83,8 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     binary("prometheus-alertmanager")
     out = tmp_path_factory.mktemp("fault-matrix")
     done = subprocess.run(
-        [sys.executable, str(MATRIX), "--quick", "--parallel", "4", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.fault_matrix", "--quick", "--parallel", "4",
+         "--out", str(out)],
         capture_output=True, text=True, timeout=1100, check=False, cwd=REPO,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from benchmarks import fleet as fleet_module
-from benchmarks.fleet import Fleet, Template, Workload, capture, rank_identity
+from benchmarks import fleet_template
+from benchmarks.fleet import Fleet, Workload
+from benchmarks.fleet_template import Template, capture, rank_identity
 from tests.alerts.tools import REPO, binary
 from trainguard import contract
 
-SCALE = REPO / "benchmarks" / "scale.py"
 LINE = re.compile(
     r"ranks=(\d+) head_series=(\d+) series_per_rank=(\d+\.\d) max_rule_eval_s=(\d+\.\d{3}) "
     r"straggler_alert_s=(\S+) stall_alert_s=(\S+) false_alerts=(\d+)"
@@ -130,7 +130,7 @@ def test_ranks_advance_and_the_faults_slow_one_rank_and_hang_another(template: T
 
 
 def test_an_unreadable_exposition_is_a_clear_error() -> None:
-    with pytest.raises(fleet_module.FleetError, match="not a sample line"):
+    with pytest.raises(fleet_template.FleetError, match="not a sample line"):
         Template("{oops} 1\n", "text/plain")
 
 
@@ -140,11 +140,11 @@ def test_at_8_ranks_only_the_slowed_and_the_hung_rank_alert(tmp_path: Path) -> N
     binary("prometheus")
     report = tmp_path / "scale.json"
     done = subprocess.run(
-        [sys.executable, str(SCALE), "--sizes", str(RANKS), "--no-reference",
+        [sys.executable, "-m", "benchmarks.scale", "--sizes", str(RANKS), "--no-reference",
          "--scrape-interval", "2s", "--eval-interval", "2s", "--for-cap", "10s",
          "--warmup", "15", "--step-seconds", "0.2", "--settle", "10",
          "--alert-margin", "400", "--workdir", str(tmp_path), "--json", str(report)],
-        capture_output=True, text=True, timeout=850, check=False,
+        capture_output=True, text=True, timeout=850, check=False, cwd=REPO,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr[-6000:]
     (line,) = done.stdout.splitlines()

@@ -69,3 +69,14 @@ def test_every_package_of_the_product_is_in_a_layer() -> None:
         if (path.suffix == ".py" and path.name != "__init__.py") or (path / "__init__.py").exists()
     }
     assert children == named, (children - named, named - children)
+
+
+def test_no_module_outside_the_tests_is_over_600_lines() -> None:
+    """Modules are split by responsibility before they grow past what one reader holds."""
+    long = {
+        str(path.relative_to(REPO)): lines
+        for root in ("trainguard", "benchmarks", "examples")
+        for path in (REPO / root).rglob("*.py")
+        if (lines := len(path.read_text().splitlines())) > 600
+    }
+    assert not long, long

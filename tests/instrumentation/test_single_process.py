@@ -25,9 +25,8 @@ from tests.ports import free_port
 from trainguard import contract
 from trainguard.events import EVENTS_LOGGER
 from trainguard.instrumentation import tracing
-from trainguard.instrumentation.config import Identity
+from trainguard.instrumentation.config import Identity, job_id_from_rank0
 from trainguard.instrumentation.errors import ErrorBudget
-from trainguard.instrumentation.hook import _job_id_from_rank0
 from trainguard.instrumentation.memory import MemorySample, MemorySampler
 from trainguard.instrumentation.metrics import RankMetrics
 from trainguard.instrumentation.watchdog import CollectiveWatchdog, StepClock
@@ -650,7 +649,7 @@ class SilentStore:
 def test_a_rank_that_gets_no_job_id_from_rank_0_goes_on_with_its_own(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    agree = _job_id_from_rank0(SilentStore(), rank=3)
+    agree = job_id_from_rank0(SilentStore(), rank=3)
     assert agree("job-mine") == "job-mine"
     assert contract.ENV_JOB_ID in caplog.text
 

@@ -328,7 +328,7 @@ def test_a_unit_alone_that_fails_writes_nothing_and_the_store_goes_on(settings: 
 def test_a_unit_the_database_refuses_is_a_store_error_and_its_batch_is_kept(
     settings: Settings,
 ) -> None:
-    from trainguard.remediation.engine import Engine
+    from trainguard.remediation import operators
     from trainguard.remediation.models import Decision
     from trainguard.remediation.sql import Statement
     from trainguard.remediation.store import Store, StoreError
@@ -338,7 +338,7 @@ def test_a_unit_the_database_refuses_is_a_store_error_and_its_batch_is_kept(
     try:
         blocker = store.submit(lambda conn: gate.wait(5))
         wait_for(blocker.running)  # the units below share one batch
-        before = store.submit(Engine.reset_breaker("nobody"))  # a domain error
+        before = store.submit(operators.reset_breaker("nobody"))  # a domain error
         insert = "INSERT INTO breakers (subject, tripped_at, reason) VALUES ('{}', 0, 'r')"
         refused = store.submit(
             lambda conn: conn.execute(text(insert.format("a") + ", ('a', 0, 'r')"))
@@ -347,7 +347,7 @@ def test_a_unit_the_database_refuses_is_a_store_error_and_its_batch_is_kept(
         # The same refusal on the write path's own statements (run on the DBAPI cursor).
         duplicate = Statement(insert.format("b"))
         refused_raw = store.submit(lambda conn: duplicate.run(conn, {}))
-        decided = store.submit(Engine.decide(12345, True, Decision()))
+        decided = store.submit(operators.decide(12345, True, Decision()))
         gate.set()
         with pytest.raises(StoreError, match="the database refused the change"):
             refused.result(5)

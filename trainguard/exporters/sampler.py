@@ -31,13 +31,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from trainguard import contract
+from trainguard.background import BackgroundThread
 from trainguard.exporters.serving import Exposition
 from trainguard.prometheus_families import gauge_family
 
 log = logging.getLogger(__name__)
 
 
-class Sampler:
+class Sampler(BackgroundThread):
     """Renders ``registry`` every ``interval`` seconds and keeps the last rendering.
 
     It registers itself with ``registry`` to export the time of each sample (``clock``, Unix
@@ -53,14 +54,14 @@ class Sampler:
     ) -> None:
         if interval <= 0:
             raise ValueError(f"sample interval must be positive, got {interval}")
+        super().__init__("trainguard-exporter-sampler")
         self.interval = interval
         self._registry = registry
         self._clock = clock
         self._lock = threading.Lock()
         self._sampled_at = 0.0
         self._current: Exposition | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._started = False
         registry.register(self)
 
     def describe(self) -> Iterator[Metric]:
@@ -86,17 +87,15 @@ class Sampler:
 
     def start(self) -> None:
         """Take the first sample now, on this thread, then one every interval on a thread."""
-        if self._thread is not None:
+        if self._started:
             raise RuntimeError("the sampler is already started")
+        self._started = True
         self.sample()
-        self._thread = threading.Thread(
-            target=self._loop, name="trainguard-exporter-sampler", daemon=True
-        )
-        self._thread.start()
+        super().start()
 
-    def _loop(self) -> None:
+    def run(self) -> None:
         due = time.monotonic() + self.interval
-        while not self._stop.wait(max(0.0, due - time.monotonic())):
+        while not self.sleep(due - time.monotonic()):
             try:
                 self.sample()
             except Exception:
@@ -107,6 +106,4 @@ class Sampler:
     def close(self) -> None:
         """Stop sampling; the last exposition is still served. A sample under way finishes
         first (its collectors are bounded by their timeout)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self.stop()

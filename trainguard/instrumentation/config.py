@@ -7,13 +7,15 @@ same code runs under torchrun, under another launcher or in a plain single proce
 
 from __future__ import annotations
 
+import datetime
+import logging
 import os
 import socket
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from trainguard import contract
 from trainguard.discovery import DEFAULT_TTL_SECONDS
@@ -355,3 +357,42 @@ def _switch(value: str | None) -> bool:
     """An on/off environment variable: ``1``, ``true``, ``yes`` or ``on`` (any case) is on;
     unset or anything else is off."""
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+logger = logging.getLogger("trainguard.instrumentation")
+
+
+def default_store() -> Any | None:
+    """The job's c10d store, used to tell peers to dump when one rank sees a stall."""
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        return _get_default_store()
+    except Exception:
+        return None
+
+
+JOB_ID_STORE_KEY = "trainguard/job_id"
+# How long a rank waits for rank 0's job id in the store before going on with its own.
+JOB_ID_WAIT_SECONDS = 30.0
+
+
+def job_id_from_rank0(store: Any, rank: int) -> Callable[[str], str]:
+    """Every rank takes rank 0's proposed job id, so their traces and series are one job."""
+
+    def agree(proposal: str) -> str:
+        if rank == 0:
+            store.set(JOB_ID_STORE_KEY, proposal)
+            return proposal
+        try:
+            store.wait([JOB_ID_STORE_KEY], datetime.timedelta(seconds=JOB_ID_WAIT_SECONDS))
+            return str(store.get(JOB_ID_STORE_KEY).decode())
+        except Exception as error:  # rank 0 never instrumented: stay on, under our own id
+            logger.warning(
+                "trainguard: no job id from rank 0 (%s); set %s to name the job",
+                error,
+                contract.ENV_JOB_ID,
+            )
+            return proposal
+
+    return agree

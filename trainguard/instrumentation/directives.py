@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import random
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard import contract
+from trainguard.background import BackgroundThread
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Directive:
 DirectiveCallback = Callable[[Directive], None]
 
 
-class DirectiveClient:
+class DirectiveClient(BackgroundThread):
     """Receives directives for one rank of one job; ``start``/``stop`` are idempotent."""
 
     def __init__(
@@ -58,6 +58,7 @@ class DirectiveClient:
         backoff_initial: float = 1.0,
         backoff_max: float = 60.0,
     ) -> None:
+        super().__init__(f"trainguard-directives-rank{rank}")
         self._base = url.rstrip("/")
         self._job_id = job_id
         self._rank = rank
@@ -66,9 +67,6 @@ class DirectiveClient:
         self._poll_seconds = poll_seconds
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         # Directives handled whose ack has not reached the service yet.
         self._unacked: dict[int, tuple[str, str]] = {}
         self.handled = 0
@@ -94,37 +92,20 @@ class DirectiveClient:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        with self._lock:
-            if self.running:
-                return
-            self._stop = threading.Event()
-            self._thread = threading.Thread(
-                target=self._run,
-                args=(self._stop,),
-                name=f"trainguard-directives-rank{self._rank}",
-                daemon=True,
-            )
-            self._thread.start()
+        return self.alive
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop polling. A long-poll in flight is abandoned (the thread is a daemon); the
         thread is joined for at most ``timeout`` seconds (default: one poll plus a margin)."""
-        with self._lock:
-            thread, self._thread = self._thread, None
-            self._stop.set()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(self._poll_seconds + 5.0 if timeout is None else timeout)
+        super().stop(self._poll_seconds + 5.0 if timeout is None else timeout)
 
     # --- the polling thread ----------------------------------------------------------------
-    def _run(self, stop: threading.Event) -> None:
+    def run(self) -> None:
         delay = self._backoff_initial
-        while not stop.is_set():
+        while not self.stopping:
             try:
                 for offered in self._poll():
-                    if stop.is_set():
+                    if self.stopping:
                         return
                     self._handle(offered)
             except Exception as exc:
@@ -132,7 +113,7 @@ class DirectiveClient:
                 if self.errors == 1 or self.errors % 100 == 0:
                     log.warning("directive poll failed (%d so far): %r", self.errors, exc)
                 # Jitter keeps thousands of ranks from retrying in lockstep after an outage.
-                stop.wait(delay * random.uniform(0.5, 1.0))
+                self.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, self._backoff_max)
             else:
                 delay = self._backoff_initial

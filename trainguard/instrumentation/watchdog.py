@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard import contract
+from trainguard.background import BackgroundThread
 from trainguard.events import log_event
 from trainguard.instrumentation import flight_recorder
 from trainguard.instrumentation.config import Identity
@@ -56,7 +56,7 @@ class StepClock:
         self.recent: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
 
 
-class CollectiveWatchdog:
+class CollectiveWatchdog(BackgroundThread):
     def __init__(
         self,
         *,
@@ -71,6 +71,7 @@ class CollectiveWatchdog:
         store: Any | None,
         read_state: Callable[[], dict[str, Any]] = flight_recorder.read_state,
     ) -> None:
+        super().__init__("trainguard-watchdog")
         self._identity = identity
         self._metrics = metrics
         self._errors = errors
@@ -81,8 +82,6 @@ class CollectiveWatchdog:
         self._interval = interval_seconds
         self._store = store
         self._read_state = read_state
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._reported: set[str] = set()  # stall ids this rank has already handled
         self._stalled_step: int | None = None  # the step of this rank's last reported stall
         self._timed_out: set[int] = set()
@@ -92,25 +91,15 @@ class CollectiveWatchdog:
     def store_key(self) -> str:
         return STORE_KEY_PREFIX + self._identity.job_id
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="trainguard-watchdog", daemon=True
-            )
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5 * self._interval + 5)
-            self._thread = None
+    def stop(self, timeout: float | None = None) -> None:
+        super().stop(5 * self._interval + 5 if timeout is None else timeout)
 
     def stall_threshold(self) -> float:
         slowest = max(self._clock.recent, default=0.0)
         return max(self._floor, self._factor * slowest)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+    def run(self) -> None:
+        while not self.sleep(self._interval):
             with self._errors.guard("watchdog"):
                 self.check()
 

@@ -26,17 +26,13 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 
 from trainguard import contract
-from trainguard.events import log_event
+from trainguard.background import BackgroundThread
 from trainguard.instrumentation import timeline, tracing
 from trainguard.instrumentation.config import Identity
 from trainguard.instrumentation.errors import ErrorBudget
@@ -44,6 +40,7 @@ from trainguard.instrumentation.memory import MemorySampler
 from trainguard.instrumentation.metrics import RankMetrics
 from trainguard.instrumentation.records import BucketTiming, RawStep, StepRecord
 from trainguard.instrumentation.reducer import RawLoggingData, ReducerStats, parse_logging_data
+from trainguard.instrumentation.step_spans import StepSpans, by_role
 
 logger = logging.getLogger("trainguard.instrumentation")
 
@@ -72,9 +69,6 @@ class ReducerTimersLostError(RuntimeError):
     """DDP's reducer timers stopped matching steps; compute time falls back to wall clock."""
 
 
-# Reducer timestamps further than this from our own clock are not trusted for span placement
-# (e.g. device-relative timestamps); the span is then anchored on the step's own timeline.
-CLOCK_TOLERANCE_NS = 2_000_000_000
 MATCH_TOLERANCE_NS = 1_000_000
 
 
@@ -82,7 +76,9 @@ def _seconds(ns: int) -> float:
     return ns / 1e9
 
 
-class StepWorker:
+class StepWorker(BackgroundThread):
+    """Turns each step the training thread submits into metrics and spans (its own thread)."""
+
     def __init__(
         self,
         *,
@@ -99,29 +95,35 @@ class StepWorker:
         per_bucket: bool = False,
         on_timers_lost: Callable[[], None] | None = None,
     ) -> None:
+        super().__init__("trainguard-worker")
         self._identity = identity
         self._metrics = metrics
         self._errors = errors
         self._memory = memory
         self._ddp_timers = ddp_timers  # records carry DDP's reducer timers
-        self._provider = tracer_provider
-        self._tracer = (
-            tracer_provider.get_tracer(contract.INSTRUMENTATION_SCOPE)
-            if tracer_provider is not None
-            else None
-        )
-        self._ids = ids
         self._backend = backend
         self._on_allocator_oom = on_allocator_oom
         # None: no timeline (a single process), compute time is wall clock.
         self._roles = roles
         self._per_bucket = per_bucket
         self._on_timers_lost = on_timers_lost
-        self._group_names = timeline.GroupNames()
         self._overflow_logged = False
         # perf_counter_ns -> Unix epoch ns, fixed at start (both clocks are monotonic enough
         # over a job; spans only need to line up across ranks to NTP accuracy).
         self._epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
+        self._spans = (
+            StepSpans(
+                tracer_provider,
+                ids,
+                identity,
+                backend,
+                self._epoch_offset_ns,
+                roles,
+                per_bucket,
+            )
+            if tracer_provider is not None and ids is not None
+            else None
+        )
         self._awaiting: dict[int, StepRecord] = {}
         self._last_iteration = -1
         self._unmatched: ReducerStats | None = None
@@ -140,18 +142,12 @@ class StepWorker:
         self.buckets_synced = 0  # fallback collective count when the Flight Recorder is absent
         # The training thread appends (atomic under the GIL) and never waits or wakes anyone.
         self._inbox: collections.deque[RawStep | StepRecord | _Timers] = collections.deque()
-        self._wake = threading.Event()
-        self._stopping = False
         self._interval = WAKE_SECONDS
-        self._thread = threading.Thread(target=self._run, name="trainguard-worker", daemon=True)
         # Plain counters, not an Event: the training thread's submit must not take a lock.
         self._submitted = 0
         self._processed = 0
 
     # -- lifecycle (training thread) ----------------------------------------------------------
-    def start(self) -> None:
-        self._thread.start()
-
     def submit(self, record: RawStep | StepRecord) -> None:
         self._submitted += 1
         self._inbox.append(record)
@@ -161,12 +157,10 @@ class StepWorker:
         self._submitted += 1
         self._inbox.append(_Timers(data))
 
-    def stop(self) -> None:
-        """Finish every queued step, then stop."""
-        if self._thread.is_alive():
-            self._stopping = True
-            self._wake.set()
-            self._thread.join(timeout=30)
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish every queued step, then stop (within 30 s whatever ``timeout`` says: the
+        steps must reach the metrics)."""
+        super().stop(timeout=30)
         for record in sorted(self._awaiting.values(), key=lambda r: r.step):
             with self._errors.guard("worker"):
                 self._finish(record, None)
@@ -176,22 +170,21 @@ class StepWorker:
         """Wait until everything submitted so far has been processed (tests, shutdown)."""
         target = self._submitted
         deadline = time.monotonic() + timeout
-        self._wake.set()
+        self.wake()
         while self._processed < target:
-            if time.monotonic() > deadline or not self._thread.is_alive():
+            if time.monotonic() > deadline or not self.alive:
                 return False
             time.sleep(0.001)
         return True
 
-    def _run(self) -> None:
+    def run(self) -> None:
         while True:
-            woken = self._wake.wait(self._interval)
-            self._wake.clear()
+            woken = self.wait_for_work(self._interval)
             if not woken and not self._inbox and not self._awaiting:  # idle: wait longer
                 self._interval = min(IDLE_WAKE_SECONDS, self._interval * 2)
             with self._errors.guard("worker"):
                 self._drain()
-            if self._stopping:
+            if self.stopping:
                 with self._errors.guard("worker"):
                     self._drain()
                 return
@@ -340,10 +333,6 @@ class StepWorker:
             return milliseconds / 1000
         return None
 
-    def _by_role(self, record: StepRecord, role: timeline.Role) -> list[timeline.Collective]:
-        assert self._roles is not None
-        return [c for c in record.collectives if self._roles.of(c) is role]
-
     def _observe_timeline(self, record: StepRecord, exemplar: dict[str, str]) -> None:
         """Gradient syncs and parameter all-gathers from the step's collective timeline: one
         observation per step, or one per collective (an FSDP unit) in bucket mode."""
@@ -359,8 +348,8 @@ class StepWorker:
                 timeline.MAX_COLLECTIVES_PER_STEP,
             )
         m = self._metrics
-        syncs = self._by_role(record, timeline.Role.GRAD_SYNC)
-        gathers = self._by_role(record, timeline.Role.PARAM_GATHER)
+        syncs = by_role(record, self._roles, timeline.Role.GRAD_SYNC)
+        gathers = by_role(record, self._roles, timeline.Role.PARAM_GATHER)
         for entries, histogram in (
             (syncs, m.grad_sync_duration),
             (gathers, m.param_gather_duration),
@@ -438,203 +427,9 @@ class StepWorker:
             # change only when DDP rebuilds them, so the last timed step's are counted.
             m.grad_sync_bytes.inc(self._sync_bytes[0])
             self.buckets_synced += self._sync_bytes[1]
-        if self._tracer is not None:
+        if self._spans is not None:
             with self._errors.guard("spans"):
-                self._emit_spans(record, stats)
+                self._spans.emit(record, stats)
 
     def trace_id_hex(self, step: int) -> str:
         return tracing.format_trace_id(tracing.trace_id_for(self._identity.job_id, step))
-
-    # -- spans ----------------------------------------------------------------------------------
-    def _epoch(self, perf_ns: int) -> int:
-        return perf_ns + self._epoch_offset_ns
-
-    def _emit_spans(self, record: StepRecord, stats: ReducerStats | None) -> None:
-        assert self._tracer is not None and self._ids is not None
-        ident = self._identity
-        trace_id = tracing.trace_id_for(ident.job_id, record.step)
-        root_id = tracing.root_span_id_for(ident.job_id, record.step)
-        common: dict[str, str | int] = {
-            contract.ATTR_JOB_ID: ident.job_id,
-            contract.ATTR_RANK: ident.rank,
-            contract.ATTR_WORLD_SIZE: ident.world_size,
-            contract.ATTR_STEP: record.step,
-            contract.ATTR_BACKEND: self._backend,
-            contract.ATTR_NODE: ident.node,
-        }
-        start, end = self._epoch(record.start_ns), self._epoch(record.end_ns)
-        if ident.rank == 0:
-            self._ids.pending_trace_id = trace_id
-            self._ids.pending_span_id = root_id
-            root = self._tracer.start_span(
-                contract.SPAN_STEP, context=Context(), start_time=start, attributes=common
-            )
-            root.end(end_time=end)
-        self._ids.pending_span_id = tracing.rank_span_id_for(ident.job_id, record.step, ident.rank)
-        rank_span = self._tracer.start_span(
-            contract.SPAN_RANK_STEP,
-            context=tracing.remote_parent(trace_id, root_id),
-            start_time=start,
-            attributes=common,
-        )
-        inside = trace.set_span_in_context(rank_span)
-
-        def child(name: str, begin: int, finish: int, ctx: Context = inside) -> trace.Span:
-            span = self._tracer.start_span(  # type: ignore[union-attr]
-                name, context=ctx, start_time=begin, attributes=common
-            )
-            span.end(end_time=max(begin, finish))
-            return span
-
-        child(
-            contract.SPAN_FORWARD,
-            self._epoch(record.forward_start_ns),
-            self._epoch(record.forward_end_ns),
-        )
-        child(
-            contract.SPAN_BACKWARD,
-            self._epoch(record.forward_end_ns),
-            self._epoch(record.optimizer_start_ns),
-        )
-        child(contract.SPAN_OPTIMIZER, self._epoch(record.optimizer_start_ns), end)
-        sync_span = self._grad_sync_span(record, stats, inside, common)
-        if sync_span is not None and record.buckets:
-            sync_ctx = trace.set_span_in_context(sync_span)
-            for bucket in record.buckets:
-                if bucket.cuda_events is None:
-                    b_start, b_end = self._epoch(bucket.start_ns), self._epoch(bucket.end_ns)
-                else:
-                    b_end = self._epoch(record.optimizer_start_ns)
-                    b_start = b_end - int((bucket.cuda_seconds or 0.0) * 1e9)
-                span = self._tracer.start_span(
-                    contract.SPAN_GRAD_SYNC_BUCKET,
-                    context=sync_ctx,
-                    start_time=b_start,
-                    attributes={
-                        **common,
-                        contract.ATTR_BUCKET_INDEX: bucket.index,
-                        contract.ATTR_BUCKET_BYTES: bucket.nbytes,
-                    },
-                )
-                span.end(end_time=max(b_start, b_end))
-        if self._roles is not None and record.collectives:
-            self._timeline_spans(record, stats is not None or bool(record.buckets), inside, common)
-        rank_span.end(end_time=end)
-
-    def _timeline_spans(
-        self,
-        record: StepRecord,
-        ddp_synced: bool,
-        ctx: Context,
-        common: dict[str, str | int],
-    ) -> None:
-        """Spans of the step's collectives: the gradient sync and the parameter all-gathers
-        (one span each, a child per collective in bucket mode), and every other collective
-        per process group and operation (a span per collective in bucket mode)."""
-        assert self._tracer is not None
-        tracer = self._tracer
-        names = self._group_names
-
-        def describe(entries: list[timeline.Collective]) -> dict[str, str | int]:
-            return {
-                **common,
-                contract.ATTR_PROCESS_GROUP: names(entries[0].group),
-                contract.ATTR_COLLECTIVE_OP: entries[0].op,
-                contract.ATTR_COLLECTIVE_COUNT: len(entries),
-                contract.ATTR_COLLECTIVE_BYTES: sum(c.nbytes for c in entries),
-            }
-
-        def span(
-            name: str, entries: list[timeline.Collective], parent: Context, **extra: int
-        ) -> trace.Span:
-            begin = self._epoch(min(c.start_ns for c in entries))
-            finish = self._epoch(max(max(c.end_ns, c.start_ns) for c in entries))
-            made = tracer.start_span(
-                name, context=parent, start_time=begin, attributes={**describe(entries), **extra}
-            )
-            made.end(end_time=max(begin, finish))
-            return made
-
-        roles = {role: self._by_role(record, role) for role in timeline.Role}
-        grouped = (
-            (timeline.Role.GRAD_SYNC, contract.SPAN_GRAD_SYNC, contract.SPAN_GRAD_SYNC_BUCKET),
-            (
-                timeline.Role.PARAM_GATHER,
-                contract.SPAN_PARAM_GATHER,
-                contract.SPAN_PARAM_GATHER_UNIT,
-            ),
-        )
-        for role, name, unit_name in grouped:
-            entries = roles[role]
-            if not entries or (role is timeline.Role.GRAD_SYNC and ddp_synced):
-                continue
-            whole = span(name, entries, ctx)
-            if self._per_bucket:
-                whole_ctx = trace.set_span_in_context(whole)
-                for index, entry in enumerate(entries):
-                    span(unit_name, [entry], whole_ctx, **{contract.ATTR_BUCKET_INDEX: index})
-        others = roles[timeline.Role.OTHER]
-        if self._per_bucket:
-            for entry in others:
-                span(contract.SPAN_COLLECTIVE, [entry], ctx)
-            return
-        by_kind: dict[tuple[str, str], list[timeline.Collective]] = {}
-        for entry in others:
-            by_kind.setdefault((names(entry.group), entry.op), []).append(entry)
-        for entries in by_kind.values():
-            span(contract.SPAN_COLLECTIVE, entries, ctx)
-
-    def _grad_sync_span(
-        self,
-        record: StepRecord,
-        stats: ReducerStats | None,
-        ctx: Context,
-        common: dict[str, str | int],
-    ) -> trace.Span | None:
-        """DDP's gradient sync: the reducer's exact start/end when it has them."""
-        assert self._tracer is not None
-        backward_start = self._epoch(record.forward_end_ns)
-        backward_end = self._epoch(record.optimizer_start_ns)
-        if stats is not None:
-            begin, finish = stats.comm_start_ns, stats.comm_end_ns
-            if not (
-                backward_start - CLOCK_TOLERANCE_NS <= begin
-                and finish <= backward_end + CLOCK_TOLERANCE_NS
-            ):
-                finish = backward_end
-                begin = finish - stats.comm_ns
-        elif record.buckets:
-            timed = [b for b in record.buckets if b.cuda_events is None]
-            if timed:
-                begin = self._epoch(min(b.start_ns for b in timed))
-                finish = self._epoch(max(b.end_ns for b in timed))
-            else:
-                begin, finish = backward_start, backward_end
-        else:
-            return None
-        span = self._tracer.start_span(
-            contract.SPAN_GRAD_SYNC,
-            context=ctx,
-            start_time=begin,
-            attributes=common,
-        )
-        span.end(end_time=max(begin, finish))
-        return span
-
-
-def log_oom(
-    identity: Identity,
-    step: int,
-    where: str,
-    summary: dict[str, Any],
-    error: BaseException | None,
-) -> None:
-    log_event(
-        f"rank {identity.rank} ran out of memory in {where} at step {step}",
-        contract.EventKind.OOM,
-        **identity.event_fields(),
-        step=step,
-        trace_id=tracing.format_trace_id(tracing.trace_id_for(identity.job_id, step)),
-        outcome=contract.EventOutcome.FAILURE,
-        details={"where": where, "error": str(error)[:2000] if error else None, **summary},
-    )

@@ -45,6 +45,7 @@ from elastic_transport import TransportError
 from elasticsearch import ApiError, Elasticsearch
 from elasticsearch.helpers import streaming_bulk
 
+from trainguard.background import BackgroundThread
 from trainguard.logs.config import (
     DEFAULT_DATASET,
     DEFAULT_NAMESPACE,
@@ -131,20 +132,17 @@ class ElasticsearchShipper(logging.Handler):
         self._max_backoff = max_backoff
         self._close_timeout = close_timeout
         self._installer = installer
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
         self._abort = threading.Event()
         self._progress = threading.Condition()
         self._closed = False
         self._reported_refusal: int | None = None
-        self._thread = threading.Thread(target=self._run, name="trainguard-es-shipper", daemon=True)
-        self._thread.start()
-        self._data_view_thread: threading.Thread | None = None
+        # Stopping it means: send what is spooled, then stop (close()); _abort stops at once.
+        self._shipping = BackgroundThread("trainguard-es-shipper", self._run)
+        self._shipping.start()
+        self._data_view: BackgroundThread | None = None
         if installer is not None and installer.has_kibana:
-            self._data_view_thread = threading.Thread(
-                target=self._install_data_view, name="trainguard-kibana-setup", daemon=True
-            )
-            self._data_view_thread.start()
+            self._data_view = BackgroundThread("trainguard-kibana-setup", self._install_data_view)
+            self._data_view.start()
 
     @classmethod
     def from_url(
@@ -169,7 +167,7 @@ class ElasticsearchShipper(logging.Handler):
     # --- the logging side -----------------------------------------------------------------------
     def emit(self, record: logging.LogRecord) -> None:
         # The client's own logging on the shipping thread must not feed back into the spool.
-        if record.thread == self._thread.ident:
+        if record.thread == self._shipping.ident:
             return
         try:
             line = self.format(record).encode("utf-8")
@@ -188,11 +186,11 @@ class ElasticsearchShipper(logging.Handler):
 
     def flush(self) -> None:
         """Ask the shipping thread to send what is spooled now (does not wait)."""
-        self._wake.set()
+        self._shipping.wake()
 
     def drain(self, timeout: float) -> bool:
         """Wait until everything accepted so far is resolved; False on timeout."""
-        self._wake.set()
+        self._shipping.wake()
         with self._progress:
             return self._progress.wait_for(lambda: self._spool.pending_bytes == 0, timeout)
 
@@ -206,29 +204,26 @@ class ElasticsearchShipper(logging.Handler):
             super().close()
             return
         self._closed = True
-        self._stopping.set()
-        self._wake.set()
-        self._thread.join(self._close_timeout)
-        if self._thread.is_alive():
+        self._shipping.stop(self._close_timeout)
+        if self._shipping.alive:
             self._abort.set()
-            self._thread.join(self._close_timeout)
-        if not self._thread.is_alive():
+            self._shipping.join(self._close_timeout)
+        if not self._shipping.alive:
             self._spool.close()
-        if self._data_view_thread is not None:
-            self._data_view_thread.join(self._close_timeout)
+        if self._data_view is not None:
+            self._data_view.stop(self._close_timeout)
         super().close()
 
     # --- the shipping thread ----------------------------------------------------------------
-    def _run(self) -> None:
-        if self._installer is not None and not self._install_elasticsearch():
+    def _run(self, loop: BackgroundThread) -> None:
+        if self._installer is not None and not self._install_elasticsearch(loop):
             return
         while True:
             entries = self._spool.read(self._batch_size, self._batch_bytes)
             if not entries:
-                if self._stopping.is_set():
+                if loop.stopping:
                     return
-                self._wake.wait(self._flush_interval)
-                self._wake.clear()
+                loop.wait_for_work(self._flush_interval)
                 continue
             if not self._deliver(entries):
                 return
@@ -236,7 +231,7 @@ class ElasticsearchShipper(logging.Handler):
             with self._progress:
                 self._progress.notify_all()
 
-    def _install_elasticsearch(self) -> bool:
+    def _install_elasticsearch(self, loop: BackgroundThread) -> bool:
         assert self._installer is not None
         attempt = 0
         while True:
@@ -245,13 +240,13 @@ class ElasticsearchShipper(logging.Handler):
                 return True
             except (ApiError, TransportError, InstallError) as error:
                 self.stats.last_error = f"install: {error}"
-            if self._stopping.is_set() and self._spool.pending_bytes == 0:
+            if loop.stopping and self._spool.pending_bytes == 0:
                 return False
             if not self._sleep(attempt):
                 return False
             attempt += 1
 
-    def _install_data_view(self) -> None:
+    def _install_data_view(self, loop: BackgroundThread) -> None:
         """Install the Kibana data view, retrying until Kibana answers or the shipper closes."""
         assert self._installer is not None
         attempt = 0
@@ -267,7 +262,7 @@ class ElasticsearchShipper(logging.Handler):
                         f"trainguard: cannot install the Kibana data view ({error}); "
                         "logs are shipped meanwhile, retrying in the background\n"
                     )
-            if self._stopping.wait(self._delay(attempt)):
+            if loop.sleep(self._delay(attempt)):
                 return
             attempt += 1
 

@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from trainguard.remediation import api, discovery, discovery_api, report_api, reports
+from trainguard.remediation import api, discovery, reports
 from trainguard.remediation.deps import Runtime
 from trainguard.remediation.engine import Engine, Guards
 from trainguard.remediation.executors import Executor, RecommendExecutor
@@ -269,8 +269,6 @@ def create_app(
     )
     app.include_router(api.webhook)
     app.include_router(api.router)
-    app.include_router(report_api.router)
-    app.include_router(discovery_api.router)
 
     async def invalid(request: Request, exc: Exception) -> Response:
         runtime: Runtime | None = getattr(request.app.state, "runtime", None)

@@ -1,8 +1,9 @@
 """Decisions: what an alert calls for, held against the guards, recorded in the store.
 
-Every function that changes state returns a *unit*, a function the store's writer runs inside a
-transaction, so a decision and the guard state it read (cooldowns, budget, circuit breaker) are
-consistent even with many notifications in flight.
+Every method that changes state returns a *unit*, a function the store's writer runs inside a
+transaction (:mod:`.decisions`), so a decision and the guard state it read (cooldowns, budget,
+circuit breaker) are consistent even with many notifications in flight. What operators and ranks
+do to decided actions afterwards is :mod:`.operators`.
 
 Guards, in the order they apply to each planned action:
 
@@ -26,162 +27,48 @@ the service's own page (``contract.REMEDIATION_FAILED_ALERT``) never is.
 
 from __future__ import annotations
 
-import functools
 import json
 import string
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection
 
 from trainguard import contract
-from trainguard.contract import Action, Failure
 from trainguard.remediation import incidents
 from trainguard.remediation.actions import CATALOG, ActionKind, failure_of
+from trainguard.remediation.decisions import (
+    ALERT_COLUMNS,
+    COUNTED_STATES,
+    DUE,
+    GUARD_SQL,
+    HOUR,
+    PENDING_OF_ALERT,
+    PLANNED_STEPS,
+    TRIP_BREAKER,
+    UNDEFER,
+    UPSERT_CHUNK,
+    Decided,
+    Planned,
+    Subject,
+    Unit,
+    iso,
+    set_state,
+    upsert_alerts_sql,
+)
 from trainguard.remediation.executors import RecommendExecutor
 from trainguard.remediation.executors.page import PageExecutor
 from trainguard.remediation.models import (
     PENDING_STATES,
     ActionState,
     AlertStatus,
-    Decision,
-    DirectiveAck,
     WebhookPayload,
     WebhookResult,
 )
 from trainguard.remediation.policy import Policy, Rung, Step
-from trainguard.remediation.sql import Statement
-
-HOUR = 3600.0
-# States of actions that count towards cooldown and budget: everything that was or would
-# have been carried out.
-COUNTED_STATES = (
-    ActionState.DRY_RUN,
-    ActionState.AWAITING_APPROVAL,
-    ActionState.QUEUED,
-    ActionState.RUNNING,
-    ActionState.SUCCEEDED,
-    ActionState.FAILED,
-)
-_COUNTED_SQL = ",".join(f"'{s.value}'" for s in COUNTED_STATES)
-_PENDING_SQL = ",".join(f"'{s.value}'" for s in PENDING_STATES)
-# The state filter is spelled exactly as in the partial index ``actions_counted`` so that SQLite
-# uses it: suppressed and skipped actions (an alert storm's bulk) never slow the guards down.
-COUNTED_FILTER = f"state IN ({_COUNTED_SQL})"
-
-
-def _guard_sql(hint: str) -> Statement:
-    # The budget counts actions after both the hour's start and the last breaker reset (two
-    # comparisons: SQLite's two-argument MAX() is not Postgres's GREATEST()).
-    return Statement(f"""
-    SELECT
-        (SELECT reason FROM breakers WHERE subject = :subject) AS breaker,
-        (SELECT MAX(created_at) FROM actions
-         WHERE subject = :subject AND action = :action AND {COUNTED_FILTER}) AS last,
-        (SELECT COUNT(*) FROM actions {hint}
-         WHERE subject = :subject AND {COUNTED_FILTER} AND created_at > :since
-           AND created_at > COALESCE(
-               (SELECT reset_at FROM budget_resets WHERE subject = :subject), 0)) AS used,
-        (SELECT reset_at FROM budget_resets WHERE subject = :subject) AS reset
-    """)
-
-
-# SQLite's planner would otherwise walk ``actions_subject`` through every suppressed action;
-# Postgres has no index hints and picks the partial index from statistics.
-_GUARD_SQL = {"sqlite": _guard_sql("INDEXED BY actions_counted"), "postgresql": _guard_sql("")}
-_INSERT_TRANSITION = Statement(
-    "INSERT INTO transitions (action_id, state, at, note) VALUES (:action_id, :state, :at, :note)"
-)
-_ALERT_COLUMNS = (
-    "fingerprint",
-    "starts_at",
-    "name",
-    "status",
-    "labels",
-    "annotations",
-    "ends_at",
-    "generator_url",
-    "group_key",
-    "receiver",
-    "received_at",
-)
-# Alerts stored by one statement: 11 parameters each stays under SQLite's oldest limit (999).
-_UPSERT_CHUNK = 50
-
-
-@functools.lru_cache(maxsize=_UPSERT_CHUNK)
-def _upsert_alerts_sql(count: int) -> Statement:
-    """Store ``count`` alerts in one statement (parameters suffixed ``_0``, ``_1``, ...).
-
-    A notification repeated by Alertmanager (retry, repeat_interval, HA peers) lands on the same
-    (fingerprint, startsAt) row; only a resolution changes it. One statement per notification
-    rather than per alert: statements are most of the webhook's cost. Its rows carry their key,
-    as neither database promises RETURNING's order.
-    """
-    rows = ", ".join(
-        "(" + ", ".join(f":{name}_{i}" for name in _ALERT_COLUMNS) + ")" for i in range(count)
-    )
-    return Statement(f"""
-    INSERT INTO alerts ({", ".join(_ALERT_COLUMNS)}) VALUES {rows}
-    ON CONFLICT (fingerprint, starts_at) DO UPDATE SET
-        notifications = alerts.notifications + 1,
-        status = CASE WHEN excluded.status = 'resolved' THEN 'resolved' ELSE alerts.status END,
-        ends_at = CASE WHEN excluded.status = 'resolved' THEN excluded.ends_at
-                       ELSE alerts.ends_at END
-    RETURNING fingerprint, starts_at, id, notifications, status
-    """)
-
-
-_PENDING_OF_ALERT = Statement(f"""
-    SELECT actions.id FROM actions JOIN alerts ON alerts.id = actions.alert_id
-    WHERE alerts.fingerprint = :fingerprint AND actions.state IN ({_PENDING_SQL})
-    """)
-_DUE = Statement("""
-    SELECT alerts.id, name, labels, starts_at, ends_at, status
-    FROM deferred JOIN alerts ON alerts.id = deferred.alert_id
-    WHERE deferred.due_at <= :at
-    """)
-_UNDEFER = Statement("DELETE FROM deferred WHERE alert_id = :alert_id")
-_PLANNED_STEPS = Statement("SELECT step FROM actions WHERE alert_id = :alert_id")
-_DEFER = Statement(
-    "INSERT INTO deferred (alert_id, due_at) VALUES (:alert_id, :due_at) "
-    "ON CONFLICT (alert_id) DO UPDATE SET due_at = excluded.due_at"
-)
-# Actions are numbered by the unit that decides them (see _Unit.action_id) and written in bulk.
-_LAST_ACTION = Statement("SELECT COALESCE(MAX(id), 0) FROM actions")
-_INSERT_ACTION = Statement("""
-    INSERT INTO actions (id, alert_id, step, subject, action, executor, params, destructive,
-                         state, reason, created_at, updated_at)
-    VALUES (:id, :alert_id, :step, :subject, :action, :executor, :params, :destructive,
-            :state, :reason, :created_at, :updated_at)
-    """)
-_TRIP_BREAKER = Statement(
-    "INSERT INTO breakers (subject, tripped_at, reason) VALUES (:subject, :at, :reason) "
-    "ON CONFLICT (subject) DO NOTHING"
-)
-_ACTION_STATE = Statement("SELECT state FROM actions WHERE id = :id")
-_CLOSE_BREAKER = Statement("DELETE FROM breakers WHERE subject = :subject")
-_RESET_BUDGET = Statement(
-    "INSERT INTO budget_resets (subject, reset_at) VALUES (:subject, :reset_at) "
-    "ON CONFLICT (subject) DO UPDATE SET reset_at = excluded.reset_at"
-)
-_DIRECTIVE = Statement("SELECT action_id, rank FROM directives WHERE id = :id")
-_INSERT_ACK = Statement("""
-    INSERT INTO directive_acks (directive_id, rank, outcome, detail, at)
-    VALUES (:directive_id, :rank, :outcome, :detail, :at)
-    ON CONFLICT (directive_id, rank) DO NOTHING
-    """)
-
-
-class NotFoundError(LookupError):
-    pass
-
-
-class ConflictError(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -191,135 +78,6 @@ class Guards:
     cooldown_seconds: float = 900.0
     budget_per_hour: int = 6
     default_scheduler: str = "local"
-
-
-@dataclass(frozen=True)
-class Decided:
-    """One planned action's decision, and the failure of the alert it answers."""
-
-    action: Action
-    state: ActionState
-    failure: Failure | None
-
-
-@dataclass
-class Planned:
-    """What a unit decided: new action ids, and those the worker should pick up."""
-
-    actions: list[int] = field(default_factory=list)
-    queued: list[int] = field(default_factory=list)
-    decided: list[Decided] = field(default_factory=list)
-
-    @property
-    def decisions(self) -> list[tuple[str, ActionState]]:
-        """(action name, state) of each decision: what the decision metrics count."""
-        return [(d.action.value, d.state) for d in self.decided]
-
-
-@dataclass
-class _Subject:
-    """A subject's guard state as a unit last saw it: breaker, budget used, when each action
-    last counted."""
-
-    breaker: str | None
-    used: int
-    reset: float
-    last: dict[str, float | None]
-
-
-class _Unit:
-    """One ingest, sweep or escalation unit: its moment, what it has learned, what it owes.
-
-    The guards of a notification's alerts (one job's, mostly) ask the store once per subject and
-    action; the unit then keeps the answer true itself as it decides, which is exact because it
-    runs on the store's only writer (on Postgres, under the writers' lock) with ``at`` fixed:
-    counted actions it records raise ``used`` and ``last``, a budget it exhausts opens the
-    breaker, and anything else that changes counted actions (a resolution cancelling pending
-    ones) forgets what it knew.
-
-    The unit's actions, their first transitions and its deferrals, like the incidents' links,
-    are written in bulk by :meth:`flush` (one driver call per table rather than a statement per
-    row), before any statement reads them and at the end of the unit. So that an action's id is
-    known before its row is written, the unit numbers its actions itself, after the highest id
-    in the table: no other writer can insert meanwhile (SQLite's one writer in its IMMEDIATE
-    transaction; on Postgres the writers' lock, held to the commit), and every action is
-    inserted here.
-    """
-
-    def __init__(self, conn: Connection, at: float) -> None:
-        self.conn = conn
-        self.at = at
-        self.known = incidents.Known()
-        self.subjects: dict[str, _Subject] = {}
-        self.actions: list[dict[str, Any]] = []
-        self.transitions: list[dict[str, Any]] = []
-        self.deferrals: list[dict[str, Any]] = []
-        self._next_action: int | None = None
-
-    def action_id(self) -> int:
-        """The id of the unit's next action."""
-        if self._next_action is None:
-            row = _LAST_ACTION.first(self.conn, {})
-            assert row is not None  # an aggregate has one row
-            self._next_action = int(row[0]) + 1
-        self._next_action += 1
-        return self._next_action - 1
-
-    def flush(self) -> None:
-        _INSERT_ACTION.many(self.conn, self.actions)
-        _INSERT_TRANSITION.many(self.conn, self.transitions)
-        _DEFER.many(self.conn, self.deferrals)
-        self.known.flush(self.conn)
-        self.actions.clear()
-        self.transitions.clear()
-        self.deferrals.clear()
-
-
-def record_transition(conn: Connection, action_id: int, state: str, note: str) -> None:
-    _INSERT_TRANSITION.run(
-        conn, {"action_id": action_id, "state": state, "at": time.time(), "note": note}
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _set_state_sql(columns: tuple[str, ...], expect: int | None) -> Statement:
-    """The compare-and-set update: built (and compiled) once per shape."""
-    assignments = ", ".join(["state = :state", "updated_at = :updated_at"])
-    assignments += "".join(f", {name} = :{name}" for name in columns)
-    sql = f"UPDATE actions SET {assignments} WHERE id = :id"
-    if expect is not None:
-        sql += f" AND state IN ({', '.join(f':expect_{i}' for i in range(expect))})"
-    return Statement(sql)
-
-
-def set_state(
-    conn: Connection,
-    action_id: int,
-    state: ActionState,
-    note: str,
-    *,
-    expect: tuple[ActionState, ...] | None = None,
-    **columns: Any,
-) -> bool:
-    """Move an action to ``state`` (only from one of ``expect`` when given); False if it wasn't."""
-    values: dict[str, Any] = {
-        "state": state.value,
-        "updated_at": time.time(),
-        "id": action_id,
-        **columns,
-    }
-    if expect is not None:
-        values.update({f"expect_{i}": s.value for i, s in enumerate(expect)})
-    sql = _set_state_sql(tuple(columns), None if expect is None else len(expect))
-    # The row count is the claim: of two writers (threads or replicas) only one moves it.
-    if sql.run(conn, values) == 0:
-        return False
-    record_transition(conn, action_id, state.value, note)
-    return True
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat()
 
 
 class Engine:
@@ -334,7 +92,7 @@ class Engine:
         self, payload: WebhookPayload, now: float | None = None
     ) -> Callable[[Connection], tuple[WebhookResult, Planned]]:
         def unit(conn: Connection) -> tuple[WebhookResult, Planned]:
-            batch = _Unit(conn, time.time() if now is None else now)
+            batch = Unit(conn, time.time() if now is None else now)
             planned = Planned()
             stored = duplicates = resolved = cancelled = 0
             for alert, (alert_id, notifications, status) in zip(
@@ -380,7 +138,7 @@ class Engine:
                 alert.status.value,
                 json.dumps(alert.labels, sort_keys=True),
                 json.dumps(alert.annotations, sort_keys=True),
-                _iso(alert.ends_at_or_none),
+                iso(alert.ends_at_or_none),
                 alert.generator_url,
                 group_key,
                 receiver,
@@ -391,18 +149,18 @@ class Engine:
         keys = [row[:2] for row in keyed]
         # An alert twice in one notification would be one row changed twice by one statement
         # (Postgres refuses that): such a notification is stored an alert at a time.
-        chunk = _UPSERT_CHUNK if len(set(keys)) == len(keys) else 1
+        chunk = UPSERT_CHUNK if len(set(keys)) == len(keys) else 1
         stored: list[tuple[int, int, AlertStatus]] = []
         for start in range(0, len(keyed), chunk):
             rows = keyed[start : start + chunk]
             params = {
                 f"{name}_{i}": value
                 for i, row in enumerate(rows)
-                for name, value in zip(_ALERT_COLUMNS, row, strict=True)
+                for name, value in zip(ALERT_COLUMNS, row, strict=True)
             }
             found = {
                 (fingerprint, starts_at): (int(alert_id), int(notifications), AlertStatus(status))
-                for fingerprint, starts_at, alert_id, notifications, status in _upsert_alerts_sql(
+                for fingerprint, starts_at, alert_id, notifications, status in upsert_alerts_sql(
                     len(rows)
                 ).rows(conn, params)
             }
@@ -410,9 +168,9 @@ class Engine:
         return stored
 
     @staticmethod
-    def _cancel_pending(batch: _Unit, fingerprint: str) -> int:
+    def _cancel_pending(batch: Unit, fingerprint: str) -> int:
         batch.flush()  # the actions just planned are pending too
-        rows = _PENDING_OF_ALERT.rows(batch.conn, {"fingerprint": fingerprint})
+        rows = PENDING_OF_ALERT.rows(batch.conn, {"fingerprint": fingerprint})
         if rows:
             batch.subjects.clear()  # the cancelled actions no longer count towards the guards
         for (action_id,) in rows:
@@ -430,12 +188,12 @@ class Engine:
         """Plan the steps of firing alerts whose ``after_seconds`` has now passed."""
 
         def unit(conn: Connection) -> Planned:
-            batch = _Unit(conn, time.time() if now is None else now)
+            batch = Unit(conn, time.time() if now is None else now)
             at = batch.at
             planned = Planned()
             # Only alerts with a step coming due are looked at, not every firing alert.
-            for alert_id, name, labels, starts_at, ends_at, status in _DUE.rows(conn, {"at": at}):
-                _UNDEFER.run(conn, {"alert_id": alert_id})
+            for alert_id, name, labels, starts_at, ends_at, status in DUE.rows(conn, {"at": at}):
+                UNDEFER.run(conn, {"alert_id": alert_id})
                 if status != AlertStatus.FIRING.value or (
                     ends_at is not None and datetime.fromisoformat(ends_at).timestamp() < at
                 ):
@@ -456,7 +214,7 @@ class Engine:
     # --- planning and guards ---------------------------------------------------------------
     def _plan(
         self,
-        batch: _Unit,
+        batch: Unit,
         alert_id: int,
         alertname: str,
         labels: Mapping[str, str],
@@ -474,7 +232,7 @@ class Engine:
         done: set[int] = set()
         if not new:
             batch.flush()  # an alert twice in one notification: its first planning's actions
-            done = {step for (step,) in _PLANNED_STEPS.rows(conn, {"alert_id": alert_id})}
+            done = {step for (step,) in PLANNED_STEPS.rows(conn, {"alert_id": alert_id})}
         removal = batch.known.removal(conn, labels)
         if removal is not None:
             self._skip_removed(
@@ -512,7 +270,7 @@ class Engine:
 
     def _skip_removed(
         self,
-        batch: _Unit,
+        batch: Unit,
         alert_id: int,
         alertname: str,
         steps: tuple[Step, ...],
@@ -562,7 +320,7 @@ class Engine:
                 return None
             incidents.set_verdicts(conn, verdicts)
             planned = Planned()
-            batch = _Unit(conn, at)
+            batch = Unit(conn, at)
             action_id, state = self._decide(
                 batch, alert.id, index, step, alert.labels, at - alert.starts_at
             )
@@ -578,7 +336,7 @@ class Engine:
 
     def _decide(
         self,
-        batch: _Unit,
+        batch: Unit,
         alert_id: int,
         index: int,
         step: Step,
@@ -618,7 +376,7 @@ class Engine:
 
     @staticmethod
     def _insert_action(
-        batch: _Unit,
+        batch: Unit,
         alert_id: int,
         index: int,
         step: Step,
@@ -664,20 +422,20 @@ class Engine:
         scheduler = labels.get(contract.LABEL_SCHEDULER) or self.guards.default_scheduler
         return (scheduler if scheduler in contract.SCHEDULERS else None), params
 
-    def _guard(self, batch: _Unit, subject: str, step: Step) -> tuple[ActionState, str]:
+    def _guard(self, batch: Unit, subject: str, step: Step) -> tuple[ActionState, str]:
         at, action = batch.at, step.action.value
         known = batch.subjects.get(subject)
         if known is None or action not in known.last:
             # One statement for all three guards, once per subject and action in a unit: the
             # webhook's cost is mostly statements.
             batch.flush()  # what it counts: the unit's actions so far
-            row = _GUARD_SQL[batch.conn.dialect.name].first(
+            row = GUARD_SQL[batch.conn.dialect.name].first(
                 batch.conn, {"subject": subject, "action": action, "since": at - HOUR}
             )
             assert row is not None  # a SELECT of scalar subqueries has one row
             breaker, last, used, reset = row
             if known is None:
-                known = batch.subjects[subject] = _Subject(breaker, used, reset or 0.0, {})
+                known = batch.subjects[subject] = Subject(breaker, used, reset or 0.0, {})
             known.last[action] = last
         breaker, last, used = known.breaker, known.last[action], known.used
         if breaker is not None:
@@ -690,75 +448,7 @@ class Engine:
             return ActionState.SUPPRESSED, f"cooldown: {step.action.value} for {subject} {ago}"
         if used >= self.guards.budget_per_hour:
             why = f"budget of {self.guards.budget_per_hour} actions per hour exhausted"
-            _TRIP_BREAKER.run(batch.conn, {"subject": subject, "at": at, "reason": why})
+            TRIP_BREAKER.run(batch.conn, {"subject": subject, "at": at, "reason": why})
             known.breaker = why
             return ActionState.SUPPRESSED, f"{why}; circuit breaker tripped for {subject}"
         return ActionState.QUEUED, "policy"
-
-    # --- operators -------------------------------------------------------------------------
-    @staticmethod
-    def decide(
-        action_id: int, approve: bool, decision: Decision
-    ) -> Callable[[Connection], ActionState]:
-        def unit(conn: Connection) -> ActionState:
-            row = _ACTION_STATE.first(conn, {"id": action_id})
-            if row is None:
-                raise NotFoundError(f"no action {action_id}")
-            target = ActionState.QUEUED if approve else ActionState.REJECTED
-            verb = "approved" if approve else "rejected"
-            note = f"{verb} by {decision.by or 'an operator'}"
-            if decision.comment:
-                note += f": {decision.comment}"
-            if not set_state(
-                conn, action_id, target, note, expect=(ActionState.AWAITING_APPROVAL,)
-            ):
-                waiting = ActionState.AWAITING_APPROVAL.value
-                raise ConflictError(f"action {action_id} is {row[0]}, not {waiting}")
-            return target
-
-        return unit
-
-    @staticmethod
-    def reset_breaker(subject: str, now: float | None = None) -> Callable[[Connection], None]:
-        """Close the breaker and start the subject's budget afresh: the actions that tripped it
-        no longer count, or the next action would trip it again at once."""
-
-        def unit(conn: Connection) -> None:
-            if _CLOSE_BREAKER.run(conn, {"subject": subject}) == 0:
-                raise NotFoundError(f"no open circuit breaker for {subject!r}")
-            reset_at = time.time() if now is None else now
-            _RESET_BUDGET.run(conn, {"subject": subject, "reset_at": reset_at})
-
-        return unit
-
-    @staticmethod
-    def ack(directive_id: int, ack: DirectiveAck) -> Callable[[Connection], int | None]:
-        """Record a rank's acknowledgement; the unit returns the directive's action when the
-        acknowledgement is new (the worker looks at whether that action is done)."""
-
-        def unit(conn: Connection) -> int | None:
-            row = _DIRECTIVE.first(conn, {"id": directive_id})
-            if row is None:
-                raise NotFoundError(f"no directive {directive_id}")
-            action_id, rank = row
-            if rank is not None and rank != ack.rank:
-                raise ConflictError(f"directive {directive_id} is for rank {rank}")
-            inserted = _INSERT_ACK.run(
-                conn,
-                {
-                    "directive_id": directive_id,
-                    "rank": ack.rank,
-                    "outcome": ack.outcome.value,
-                    "detail": ack.detail,
-                    "at": time.time(),
-                },
-            )
-            if inserted and action_id is not None:
-                note = f"rank {ack.rank} acknowledged: {ack.outcome.value}"
-                if ack.detail:
-                    note += f" ({ack.detail})"
-                record_transition(conn, action_id, "acknowledged", note)
-                return int(action_id)
-            return None
-
-        return unit

@@ -45,8 +45,10 @@ from pydantic import ValidationError
 from sqlalchemy import Connection, text
 
 from trainguard import contract
+from trainguard.background import BackgroundThread
 from trainguard.events import log_event
-from trainguard.remediation.engine import Engine, Planned
+from trainguard.remediation.decisions import Planned
+from trainguard.remediation.engine import Engine
 from trainguard.remediation.models import (
     NotificationView,
     WebhookPayload,
@@ -194,7 +196,7 @@ def pause(took: float, behind: float, decide_within: float) -> float:
     return took * (_DEFER if behind < decide_within else _YIELD)
 
 
-class Decider:
+class Decider(BackgroundThread):
     """Drains the inbox in order on a thread of its own; see the module's docstring."""
 
     def __init__(
@@ -206,43 +208,23 @@ class Decider:
         wake_worker: Callable[[], None],
         decide_within: float,
     ) -> None:
+        super().__init__("trainguard-remediation-decider")
         self._store = store
         self._decide_within = decide_within
         self._engine = engine
         self._metrics = metrics
         self._wake_worker = wake_worker
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         # The highest id this process accepted, and the id every entry up to which is decided
         # (or failed): what drain() and wait() compare.
         self._progress = threading.Condition()
         self._accepted = 0
         self._through = 0
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._run, name="trainguard-remediation-decider", daemon=True
-            )
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def accepted(self, entry_id: int) -> None:
         """Thread-safe: ``entry_id`` was committed to the inbox; decide it."""
         with self._progress:
             self._accepted = max(self._accepted, entry_id)
-        self._wake.set()
+        self.wake()
 
     def wait(self, entry_id: int, timeout: float) -> bool:
         """Block until ``entry_id`` and every entry before it are decided; False on timeout."""
@@ -262,20 +244,19 @@ class Decider:
                 self._through = entry_id
                 self._progress.notify_all()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.clear()
+    def run(self) -> None:
+        while not self.stopping:
             try:
                 last, entries = self._store.read(self._pending)
             except StoreError:
                 log.exception("cannot read the inbox")
-                self._stop.wait(_RETRY_SECONDS)
+                self.sleep(_RETRY_SECONDS)
                 continue
             if not entries:
                 # Read before the undecided ones, and ids are in commit order: every entry up to
                 # it is decided.
                 self._advance(last)
-                self._wake.wait(_POLL_SECONDS)
+                self.wait_for_work(_POLL_SECONDS)
                 continue
             for entry_id, body, accepted_at in entries:
                 intake = self._accepted
@@ -285,7 +266,7 @@ class Decider:
                 self._advance(entry_id)
                 if self._accepted != intake:
                     # Notifications arrived meanwhile: the intake comes first.
-                    self._stop.wait(pause(took, time.time() - accepted_at, self._decide_within))
+                    self.sleep(pause(took, time.time() - accepted_at, self._decide_within))
 
     @staticmethod
     def _pending(conn: Connection) -> tuple[int, list[tuple[int, Any, float]]]:
@@ -304,7 +285,7 @@ class Decider:
             failed = self._fail(entry_id, f"no longer a valid notification: {exc}")
             return time.monotonic() - started if failed else None
         attempts = 0
-        while not self._stop.is_set():
+        while not self.stopping:
             started = time.monotonic()
             try:
                 result, planned, at = self._store.write_sync(
@@ -314,13 +295,13 @@ class Decider:
                 return time.monotonic() - started  # another replica decided it
             except CommitError:
                 log.warning("inbox entry %d: the store did not commit; retrying", entry_id)
-                self._stop.wait(_RETRY_SECONDS)
+                self.sleep(_RETRY_SECONDS)
                 continue
             except Exception as exc:
                 attempts += 1
                 if attempts < _ATTEMPTS:
                     log.warning("inbox entry %d: deciding failed (%r); retrying", entry_id, exc)
-                    self._stop.wait(_RETRY_SECONDS)
+                    self.sleep(_RETRY_SECONDS)
                     continue
                 failed = self._fail(entry_id, repr(exc))
                 return time.monotonic() - started if failed else None
@@ -354,7 +335,7 @@ class Decider:
         """Keep the entry, with its error, out of the way of those behind it; False when
         stopped before that was committed."""
         log.error("inbox entry %d could not be decided and is kept: %s", entry_id, error)
-        while not self._stop.is_set():
+        while not self.stopping:
             try:
                 self._store.write_sync(
                     lambda conn: _FAILED.run(
@@ -363,5 +344,5 @@ class Decider:
                 )
                 return True
             except StoreError:
-                self._stop.wait(_RETRY_SECONDS)
+                self.sleep(_RETRY_SECONDS)
         return False

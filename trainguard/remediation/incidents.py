@@ -23,23 +23,20 @@ import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, text
 
 from trainguard import contract
-from trainguard.contract import Action, Failure, IncidentOutcome, JobOutcome
+from trainguard.contract import Action, Failure
 from trainguard.remediation.actions import failure_of
 from trainguard.remediation.executors import ActionRecord
 from trainguard.remediation.models import (
     PENDING_STATES,
     ActionState,
     AlertStatus,
-    IncidentAlert,
     IncidentState,
-    IncidentView,
-    TriedAction,
 )
 from trainguard.remediation.policy import Rule
 from trainguard.remediation.sql import Statement
@@ -111,12 +108,11 @@ _ADVANCE = Statement(f"""
     WHERE id = :id AND rung = :rung AND state != '{_CLOSED}'
     """)
 
-_INCIDENT_SQL = """
+INCIDENT_SQL = """
 SELECT incidents.*, alerts.name AS alert_name, alerts.fingerprint, alerts.labels
 FROM incidents JOIN alerts ON alerts.id = incidents.alert_id
 """
-_INCIDENT_BY_ID = text(_INCIDENT_SQL + " WHERE incidents.id = :id")
-_INCIDENT_OF_ACTION = text("SELECT incident_id FROM incident_actions WHERE action_id = :id")
+INCIDENT_BY_ID = text(INCIDENT_SQL + " WHERE incidents.id = :id")
 _OPEN_IDS = text(f"SELECT id FROM incidents WHERE state != '{_CLOSED}' ORDER BY id")
 # The alerts the verifier needs of an incident, however many joined it (an alert storm joins
 # thousands): the first, the one whose rule sets the ladder, and one firing alert per name
@@ -130,7 +126,7 @@ _ALERTS_OF = text(f"""
               GROUP BY f.name)
     ORDER BY a.id
     """)
-_HELD_SQL = ", ".join(f"'{state.value}'" for state in HELD_STATES)
+HELD_SQL = ", ".join(f"'{state.value}'" for state in HELD_STATES)
 # The actions the verifier needs one by one: those not held back. A storm's alerts each plan an
 # action that the guards hold back (a cooldown, the budget), all of them in the incident; read
 # one by one, every open incident cost the verifier (and the GIL every request needs) time in
@@ -139,34 +135,13 @@ _HELD_SQL = ", ".join(f"'{state.value}'" for state in HELD_STATES)
 _ACTIONS_OF = text(f"""
     SELECT a.id, ia.rung, a.action, a.state, a.reason, a.created_at, a.updated_at
     FROM incident_actions ia JOIN actions a ON a.id = ia.action_id
-    WHERE ia.incident_id = :id AND a.state NOT IN ({_HELD_SQL}) ORDER BY a.id
-    """)
-# What an incident tried: each action not held back, and the held-back ones of a rung, action
-# and state as one entry (the first of them, how many, the latest): a storm holds back one
-# action per alert, and the view, the page's description and diagnose list these entries.
-_TRIED = text(f"""
-    SELECT * FROM (
-        SELECT ia.rung, ia.verdict, a.id, a.action, a.state, a.reason, a.created_at,
-            1 AS alike, a.created_at AS last_at
-        FROM incident_actions ia JOIN actions a ON a.id = ia.action_id
-        WHERE ia.incident_id = :id AND a.state NOT IN ({_HELD_SQL})
-        UNION ALL
-        SELECT held.rung, ia.verdict, a.id, a.action, a.state, a.reason, a.created_at,
-            held.alike, held.last_at
-        FROM (
-            SELECT ia.rung, MIN(a.id) AS first, COUNT(*) AS alike, MAX(a.created_at) AS last_at
-            FROM incident_actions ia JOIN actions a ON a.id = ia.action_id
-            WHERE ia.incident_id = :id AND a.state IN ({_HELD_SQL})
-            GROUP BY ia.rung, a.action, a.state
-        ) held
-        JOIN actions a ON a.id = held.first JOIN incident_actions ia ON ia.action_id = a.id
-    ) tried ORDER BY tried.id
+    WHERE ia.incident_id = :id AND a.state NOT IN ({HELD_SQL}) ORDER BY a.id
     """)
 _HELD_ON_RUNG = text(f"""
     SELECT COALESCE(SUM(CASE WHEN a.action != '{Action.RECOMMEND.value}' THEN 1 ELSE 0 END), 0),
         MAX(a.updated_at)
     FROM incident_actions ia JOIN actions a ON a.id = ia.action_id
-    WHERE ia.incident_id = :id AND ia.rung = :rung AND a.state IN ({_HELD_SQL})
+    WHERE ia.incident_id = :id AND ia.rung = :rung AND a.state IN ({HELD_SQL})
     """)
 _DEFERRED_OF = text("""
     SELECT 1 FROM deferred d JOIN incident_alerts ia ON ia.alert_id = d.alert_id
@@ -178,10 +153,6 @@ _REMOVALS_SINCE = text(
 _OPEN_COUNTS = text(
     f"SELECT failure, COUNT(*) AS n FROM incidents WHERE state != '{_CLOSED}' GROUP BY failure"
 )
-
-
-def _time(seconds: float | None) -> datetime | None:
-    return None if seconds is None else datetime.fromtimestamp(seconds, tz=timezone.utc)
 
 
 def subject_of(labels: Mapping[str, str]) -> str:
@@ -414,7 +385,7 @@ def open_incidents(conn: Connection) -> list[OpenIncident]:
 
 
 def _open_incident(conn: Connection, incident_id: int) -> OpenIncident | None:
-    row = conn.execute(_INCIDENT_BY_ID, {"id": incident_id}).mappings().first()
+    row = conn.execute(INCIDENT_BY_ID, {"id": incident_id}).mappings().first()
     if row is None:
         return None
     found = conn.execute(_ALERTS_OF, {"id": incident_id, "ladder_alert_id": row["ladder_alert_id"]})
@@ -553,100 +524,3 @@ def advance(
 
 def open_counts(conn: Connection) -> dict[str | None, int]:
     return {row["failure"]: int(row["n"]) for row in conn.execute(_OPEN_COUNTS).mappings()}
-
-
-# --- the API ---------------------------------------------------------------------------------
-def _default_verdict(state: ActionState, reason: str, incident_open: bool) -> str:
-    if state in UNFINISHED_STATES:
-        return f"not done yet ({state.value})"
-    if state in HELD_STATES:
-        return f"held back: {reason}"
-    if state is ActionState.CANCELLED:
-        return f"cancelled: {reason}"
-    return "being verified" if incident_open else ""
-
-
-def _view(conn: Connection, row: RowMapping) -> IncidentView:
-    state = IncidentState(row["state"])
-    tried = [
-        TriedAction(
-            rung=int(t["rung"]),
-            action=t["action"],
-            action_id=int(t["id"]),
-            state=t["state"],
-            at=datetime.fromtimestamp(t["created_at"], tz=timezone.utc),
-            verdict=t["verdict"]
-            or _default_verdict(
-                ActionState(t["state"]), t["reason"], state is not IncidentState.CLOSED
-            ),
-            count=int(t["alike"]),
-            last_at=datetime.fromtimestamp(t["last_at"], tz=timezone.utc),
-        )
-        for t in conn.execute(_TRIED, {"id": row["id"]}).mappings()
-    ]
-    return IncidentView(
-        id=row["id"],
-        subject=row["subject"],
-        job_id=row["job_id"],
-        failure=None if row["failure"] is None else Failure(row["failure"]),
-        alert=IncidentAlert(
-            name=row["alert_name"],
-            fingerprint=row["fingerprint"],
-            labels=json.loads(row["labels"]),
-        ),
-        state=state,
-        outcome=None if row["outcome"] is None else IncidentOutcome(row["outcome"]),
-        job_outcome=None if row["job_outcome"] is None else JobOutcome(row["job_outcome"]),
-        rung=row["rung"],
-        rung_action=row["rung_action"],
-        paged=bool(row["paged"]),
-        first_evidence_at=_time(row["first_evidence_at"]),
-        detected_at=_time(row["detected_at"]),
-        received_at=_time(row["received_at"]),
-        acted_at=_time(row["acted_at"]),
-        recovered_at=_time(row["recovered_at"]),
-        closed_at=_time(row["closed_at"]),
-        deadline_at=_time(row["deadline_at"]),
-        baseline_step=row["baseline_step"],
-        baseline_ranks_up=row["baseline_ranks_up"],
-        tried=tried,
-        note=row["note"],
-    )
-
-
-def list_incidents(
-    conn: Connection,
-    *,
-    state: IncidentState | None = None,
-    outcome: IncidentOutcome | None = None,
-    job_id: str | None = None,
-    before_id: int | None = None,
-    limit: int = 100,
-) -> list[IncidentView]:
-    where: list[str] = []
-    args: dict[str, Any] = {"limit": limit}
-    for column, value in (
-        ("state", None if state is None else state.value),
-        ("outcome", None if outcome is None else outcome.value),
-        ("job_id", job_id),
-    ):
-        if value is not None:
-            where.append(f"incidents.{column} = :{column}")
-            args[column] = value
-    if before_id is not None:
-        where.append("incidents.id < :before_id")
-        args["before_id"] = before_id
-    sql = _INCIDENT_SQL + (f" WHERE {' AND '.join(where)}" if where else "")
-    sql += " ORDER BY incidents.id DESC LIMIT :limit"
-    return [_view(conn, row) for row in conn.execute(text(sql), args).mappings().all()]
-
-
-def get_incident(conn: Connection, incident_id: int) -> IncidentView | None:
-    row = conn.execute(_INCIDENT_BY_ID, {"id": incident_id}).mappings().first()
-    return None if row is None else _view(conn, row)
-
-
-def incident_of_action(conn: Connection, action_id: int) -> IncidentView | None:
-    """The incident an action was planned for, if any."""
-    incident_id = conn.execute(_INCIDENT_OF_ACTION, {"id": action_id}).scalar()
-    return None if incident_id is None else get_incident(conn, int(incident_id))

@@ -9,7 +9,7 @@ report's ``error``: it never fails, delays or repeats an action. Charts are not 
 (they need matplotlib; ``trainguard diagnose`` draws them).
 
 The report's Validate section is the job's incidents as the store holds them when the report is
-written (:func:`trainguard.remediation.incidents.list_incidents`, the documents of
+written (:func:`trainguard.remediation.incident_views.list_incidents`, the documents of
 ``GET /v1/incidents?job_id=``): right after a repair its incident is usually still being
 verified, and the report of a later rung (a page included) shows the rungs before it. Incidents
 that cannot be read leave the report without them and say why in that section.
@@ -30,7 +30,7 @@ from sqlalchemy import Connection, text
 
 from trainguard import contract
 from trainguard.remediation.executors import ActionRecord
-from trainguard.remediation.incidents import list_incidents
+from trainguard.remediation.incident_views import list_incidents
 from trainguard.remediation.store import Store
 from trainguard.thresholds import Thresholds
 

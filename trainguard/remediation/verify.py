@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ import httpx
 from sqlalchemy import Connection
 
 from trainguard import contract
+from trainguard.background import BackgroundThread
 from trainguard.contract import Action, IncidentOutcome, JobOutcome
 from trainguard.remediation import incidents
 from trainguard.remediation.actions import CATALOG, ActionKind
@@ -176,7 +176,7 @@ class _Baseline:
     at: float | None
 
 
-class Verifier:
+class Verifier(BackgroundThread):
     """Follows open incidents to their verdict; see the module's docstring."""
 
     def __init__(
@@ -190,6 +190,7 @@ class Verifier:
         interval: float,
         wake_worker: Callable[[], None],
     ) -> None:
+        super().__init__("trainguard-remediation-verifier")
         self._store = store
         self._engine = engine
         self._metrics = metrics
@@ -197,27 +198,9 @@ class Verifier:
         self._query = query
         self._interval = interval
         self._wake_worker = wake_worker
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="trainguard-remediation-verifier", daemon=True
-            )
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def run(self) -> None:
+        while not self.stopping:
             try:
                 # Replicas on one Postgres: only the one that executes actions verifies them.
                 if self._store.hold_worker_lock():
@@ -225,7 +208,7 @@ class Verifier:
                     self.follow_removals()
             except Exception:
                 log.exception("remediation verifier turn failed")
-            self._stop.wait(self._interval)
+            self.sleep(self._interval)
 
     def verify_all(self, now: float | None = None) -> None:
         """Look at every open incident once."""

@@ -37,9 +37,11 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from trainguard import contract
+from trainguard.background import BackgroundThread
 from trainguard.events import log_event
 from trainguard.remediation import incidents, queries
-from trainguard.remediation.engine import Engine, record_transition, set_state
+from trainguard.remediation.decisions import record_transition, set_state
+from trainguard.remediation.engine import Engine
 from trainguard.remediation.executors import (
     ActionRecord,
     AwaitingExecutor,
@@ -65,7 +67,10 @@ _RECORD_WAIT = text(
 )
 
 
-class Worker:
+class Worker(BackgroundThread):
+    """Executes the queued actions, one at a time, on its own thread (on Postgres, in the one
+    replica that holds the workers' lock)."""
+
     def __init__(
         self,
         store: Store,
@@ -77,6 +82,7 @@ class Worker:
         takeover_grace: float = 0.0,
         on_finished: Callable[[ActionRecord], None] | None = None,
     ) -> None:
+        super().__init__("trainguard-remediation-worker")
         self._store = store
         self._engine = engine
         self._executors = executors
@@ -85,9 +91,6 @@ class Worker:
         self._takeover_grace = takeover_grace
         # Told about every action whose outcome was committed (the diagnose reports).
         self._on_finished = on_finished
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         # Waiting actions -> when (time.time()) to look at them again; the store holds their
         # state, this only saves looking at each one on every turn of the loop.
         self._recheck_at: dict[int, float] = {}
@@ -95,44 +98,24 @@ class Worker:
         self._acknowledged: set[int] = set()
         self._acknowledged_lock = threading.Lock()
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="trainguard-remediation-worker", daemon=True
-            )
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-
-    def wake(self) -> None:
-        self._wake.set()
-
     def acknowledged(self, action_id: int) -> None:
         """Thread-safe: a rank acknowledged the directive of ``action_id``; look at it now."""
         with self._acknowledged_lock:
             self._acknowledged.add(action_id)
-        self._wake.set()
+        self.wake()
 
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _run(self) -> None:
+    def run(self) -> None:
         next_sweep = 0.0
         holding = False
         # When to look for actions left running (monotonic); None: nothing to look for.
         resume_at: float | None = None
-        while not self._stop.is_set():
+        while not self.stopping:
             try:
                 if not self._store.hold_worker_lock():
                     # Another replica's worker executes; when it dies, this one takes over.
                     holding = False
                     self._recheck_at.clear()
-                    self._stop.wait(_STANDBY_SECONDS)
+                    self.sleep(_STANDBY_SECONDS)
                     continue
                 if not holding:
                     holding = True
@@ -147,8 +130,7 @@ class Worker:
                     planned = self._store.write_sync(self._engine.sweep())
                     self._metrics.record_decisions(planned.decisions)
                     next_sweep = time.monotonic() + self._sweep_interval
-                self._wake.clear()
-                while not self._stop.is_set():
+                while not self.stopping:
                     self.check_waiting()
                     if not self._store.hold_worker_lock() or not self.run_next():
                         break
@@ -158,14 +140,14 @@ class Worker:
                 log.exception("remediation worker iteration failed")
                 if resume_at is None:
                     resume_at = time.monotonic()
-                self._stop.wait(1.0)
+                self.sleep(1.0)
                 continue
             timeout = next_sweep - time.monotonic()
             if resume_at is not None:
                 timeout = min(timeout, resume_at - time.monotonic())
             if self._recheck_at:
                 timeout = min(timeout, min(self._recheck_at.values()) - time.time())
-            self._wake.wait(timeout=max(0.0, timeout))
+            self.wait_for_work(timeout)
 
     def run_next(self) -> bool:
         """Claim and execute the oldest runnable queued action; False when there is none."""

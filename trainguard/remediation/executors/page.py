@@ -19,7 +19,7 @@ import httpx
 
 from trainguard import contract
 from trainguard.contract import Action
-from trainguard.remediation import incidents
+from trainguard.remediation import incident_views
 from trainguard.remediation.executors import ActionRecord, ExecutionError
 from trainguard.remediation.models import IncidentView
 
@@ -65,7 +65,7 @@ class PageExecutor:
                 "cannot page: no Alertmanager to post to; set "
                 "TRAINGUARD_REMEDIATION_ALERTMANAGER_URL (--alertmanager-url)"
             )
-        incident = self._store.read(lambda conn: incidents.incident_of_action(conn, action.id))
+        incident = self._store.read(lambda conn: incident_views.incident_of_action(conn, action.id))
         if incident is None:
             raise ExecutionError(f"cannot page: action #{action.id} belongs to no incident")
         return {"alert": self._alert(action, incident, time.time())}

@@ -16,25 +16,25 @@ from fastapi.responses import Response
 
 from trainguard import contract
 from trainguard.remediation import discovery
+from trainguard.remediation.api.common import UNAVAILABLE
 from trainguard.remediation.deps import Authenticated, MetricsDep, SettingsDep, StoreDep
 from trainguard.remediation.discovery import Registered, Registration, TargetGroup
 from trainguard.remediation.store import StoreError, UnstorableError
 
 router = APIRouter(prefix=contract.DISCOVERY_PATH, dependencies=[Authenticated], tags=["discovery"])
-_UNAVAILABLE = "the store could not commit; retry"
 
 
 @router.get(
     "/{kind}",
     response_model=list[TargetGroup],
-    responses={status.HTTP_503_SERVICE_UNAVAILABLE: {"description": "the store cannot be read"}},
+    responses={status.HTTP_503_SERVICEUNAVAILABLE: {"description": "the store cannot be read"}},
 )
 def targets(kind: contract.DiscoveryKind, store: StoreDep) -> Response:
     """The kind's live targets in Prometheus' HTTP SD format (``http_sd_configs``)."""
     try:
         body = store.read(partial(discovery.target_list, kind=kind))
     except StoreError as exc:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from exc
+        raise HTTPException(status.HTTP_503_SERVICEUNAVAILABLE, str(exc)) from exc
     return Response(body, media_type="application/json")
 
 
@@ -63,7 +63,7 @@ async def register(
         metrics.webhook_rejected.labels("invalid").inc()
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
     except StoreError as exc:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, _UNAVAILABLE) from exc
+        raise HTTPException(status.HTTP_503_SERVICEUNAVAILABLE, UNAVAILABLE) from exc
 
 
 @router.delete("/{kind}", status_code=status.HTTP_204_NO_CONTENT)
@@ -76,4 +76,4 @@ async def deregister(
     try:
         await store.write(partial(discovery.deregister, kind=kind, target=target))
     except StoreError as exc:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, _UNAVAILABLE) from exc
+        raise HTTPException(status.HTTP_503_SERVICEUNAVAILABLE, UNAVAILABLE) from exc

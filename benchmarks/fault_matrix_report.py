@@ -1,0 +1,146 @@
+"""The fault matrix's report: per fault kind, detection, time to detect, root cause and
+recovery; false alerts per healthy hour; the table, the plot and the last line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.fault_matrix_plan import CATALOGUE, HEALTHY, RunResult, spec_named
+from benchmarks.harness.stats import percentile
+
+
+@dataclass
+class KindRow:
+    kind: str
+    runs: int
+    detection: float
+    p50_detect_s: float | None
+    p95_detect_s: float | None
+    threshold_s: float
+    root_cause: float
+    acted: int
+    recovery: float | None
+    p50_recover_s: float | None
+    p95_recover_s: float | None
+    false_alerts: int
+
+
+def summarize(results: list[RunResult]) -> tuple[list[KindRow], dict[str, Any]]:
+    rows = []
+    for spec in CATALOGUE:
+        mine = [r for r in results if r.plan.fault == spec.name]
+        if not mine:
+            continue
+        detects = [r.detect_s for r in mine if r.detect_s is not None]
+        acted = [r for r in mine if r.action is not None]
+        recovered = [r for r in acted if r.outcome == "recovered"]
+        recovers = [r.recover_s for r in recovered if r.recover_s is not None]
+        rows.append(
+            KindRow(
+                kind=spec.name,
+                runs=len(mine),
+                detection=sum(r.detected for r in mine) / len(mine),
+                p50_detect_s=percentile(detects, 0.5),
+                p95_detect_s=percentile(detects, 0.95),
+                threshold_s=spec.threshold_s,
+                root_cause=sum(r.root_cause_right for r in mine) / len(mine),
+                acted=len(acted),
+                recovery=len(recovered) / len(acted) if acted else None,
+                p50_recover_s=percentile(recovers, 0.5),
+                p95_recover_s=percentile(recovers, 0.95),
+                false_alerts=sum(len(r.false_alerts) for r in mine),
+            )
+        )
+    faulty = [r for r in results if r.plan.fault != HEALTHY]
+    healthy = [r for r in results if r.plan.fault == HEALTHY]
+    healthy_hours = sum(r.trained_seconds for r in healthy) / 3600
+    healthy_false = sum(len(r.false_alerts) for r in healthy)
+    acted = [r for r in faulty if r.action is not None]
+    detects = [r.detect_s for r in faulty if r.detect_s is not None]
+    totals = {
+        "runs": len(results),
+        "faulty": len(faulty),
+        "healthy": len(healthy),
+        "detection": sum(r.detected for r in faulty) / len(faulty) if faulty else None,
+        "root_cause": sum(r.root_cause_right for r in faulty) / len(faulty) if faulty else None,
+        "recovery": sum(r.outcome == "recovered" for r in acted) / len(acted) if acted else None,
+        "false_alerts": healthy_false,
+        "false_alerts_per_healthy_hour": healthy_false / healthy_hours if healthy_hours else None,
+        "healthy_hours": round(healthy_hours, 3),
+        "p95_detect_s": percentile(detects, 0.95),
+        "errors": sum(r.error is not None for r in results),
+    }
+    return rows, totals
+
+
+def table(rows: list[KindRow], totals: dict[str, Any]) -> str:
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.0f}%"
+
+    def sec(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    lines = [
+        "| fault | runs | detected | p50 / p95 detect (s) | 2x threshold (s) | root cause top-1 "
+        "| acted | recovered | p50 / p95 recover (s) | false alerts |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.kind} | {row.runs} | {pct(row.detection)} | {sec(row.p50_detect_s)} / "
+            f"{sec(row.p95_detect_s)} | {2 * row.threshold_s:.0f} | {pct(row.root_cause)} | "
+            f"{row.acted} | {pct(row.recovery)} | {sec(row.p50_recover_s)} / "
+            f"{sec(row.p95_recover_s)} | {row.false_alerts} |"
+        )
+    per_hour = totals["false_alerts_per_healthy_hour"]
+    lines += [
+        "",
+        f"Healthy runs: {totals['healthy']} ({totals['healthy_hours']:.2f} h of training), "
+        f"{totals['false_alerts']} false alert(s)"
+        + ("" if per_hour is None else f", {per_hour:.2f} per healthy hour")
+        + f"; runs that broke: {totals['errors']}.",
+    ]
+    if "minutes" in totals:
+        low, high = totals["load_average"]
+        lines[-1] += f" {totals['minutes']} min, load average {low:.1f}-{high:.1f}."
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[RunResult], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    names = [s.name for s in CATALOGUE if any(r.plan.fault == s.name for r in results)]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for x, name in enumerate(names):
+        values = [r.detect_s for r in results if r.plan.fault == name and r.detect_s is not None]
+        ax.scatter([x] * len(values), values, s=18, color="tab:blue")
+        spec = spec_named(name)
+        if spec is not None:
+            ax.hlines(2 * spec.threshold_s, x - 0.35, x + 0.35, color="tab:red")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_ylabel("time to detect (s)")
+    ax.set_title("time to detect per fault kind (red: 2x the alert's configured delay)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def last_line(totals: dict[str, Any]) -> str:
+    def num(value: float | None) -> str:
+        return "nan" if value is None else f"{value:.4f}"
+
+    p95 = totals["p95_detect_s"]
+    p95_text = "nan" if p95 is None else f"{p95:.1f}"
+    return (
+        f"runs={totals['runs']} detection={num(totals['detection'])} "
+        f"root_cause={num(totals['root_cause'])} recovery={num(totals['recovery'])} "
+        f"false_alerts={totals['false_alerts']} p95_detect_s={p95_text}"
+    )

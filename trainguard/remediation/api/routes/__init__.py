@@ -1,0 +1,1 @@
+"""The routes of the remediation service, one module per resource."""
