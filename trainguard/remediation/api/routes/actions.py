@@ -55,7 +55,7 @@ async def _decide(
     except ConflictError as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
     except StoreError as exc:
-        raise HTTPException(status.HTTP_503_SERVICEUNAVAILABLE, UNAVAILABLE) from exc
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, UNAVAILABLE) from exc
     if approve:
         worker.wake()
     view = await run_in_threadpool(store.read, lambda conn: queries.get_action(conn, action_id))

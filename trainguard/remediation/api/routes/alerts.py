@@ -46,7 +46,7 @@ async def alertmanager(
     except StoreError as exc:
         metrics.webhook_rejected.labels("unavailable").inc()
         # Alertmanager retries on 5xx: nothing was acknowledged, nothing is lost.
-        raise HTTPException(status.HTTP_503_SERVICEUNAVAILABLE, UNAVAILABLE) from exc
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, UNAVAILABLE) from exc
     except UnstorableError as exc:
         metrics.webhook_rejected.labels("invalid").inc()
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc

@@ -34,5 +34,5 @@ async def reset_breaker(subject: Annotated[str, Path(max_length=256)], store: St
     except NotFoundError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     except StoreError as exc:
-        raise HTTPException(status.HTTP_503_SERVICEUNAVAILABLE, UNAVAILABLE) from exc
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, UNAVAILABLE) from exc
     log.warning("circuit breaker for %s reset", subject)

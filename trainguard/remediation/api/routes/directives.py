@@ -70,7 +70,7 @@ async def ack_directive(
     except ConflictError as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
     except StoreError as exc:
-        raise HTTPException(status.HTTP_503_SERVICEUNAVAILABLE, UNAVAILABLE) from exc
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, UNAVAILABLE) from exc
     metrics.directive_acks.labels(ack.outcome.value).inc()
     if action_id is not None:
         # The action waits for acknowledgements: it may be done now, and the next step free.

@@ -27,14 +27,14 @@ router = APIRouter(prefix=contract.DISCOVERY_PATH, dependencies=[Authenticated],
 @router.get(
     "/{kind}",
     response_model=list[TargetGroup],
-    responses={status.HTTP_503_SERVICEUNAVAILABLE: {"description": "the store cannot be read"}},
+    responses={status.HTTP_503_SERVICE_UNAVAILABLE: {"description": "the store cannot be read"}},
 )
 def targets(kind: contract.DiscoveryKind, store: StoreDep) -> Response:
     """The kind's live targets in Prometheus' HTTP SD format (``http_sd_configs``)."""
     try:
         body = store.read(partial(discovery.target_list, kind=kind))
     except StoreError as exc:
-        raise HTTPException(status.HTTP_503_SERVICEUNAVAILABLE, str(exc)) from exc
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from exc
     return Response(body, media_type="application/json")
 
 
@@ -63,7 +63,7 @@ async def register(
         metrics.webhook_rejected.labels("invalid").inc()
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from exc
     except StoreError as exc:
-        raise HTTPException(status.HTTP_503_SERVICEUNAVAILABLE, UNAVAILABLE) from exc
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, UNAVAILABLE) from exc
 
 
 @router.delete("/{kind}", status_code=status.HTTP_204_NO_CONTENT)
@@ -76,4 +76,4 @@ async def deregister(
     try:
         await store.write(partial(discovery.deregister, kind=kind, target=target))
     except StoreError as exc:
-        raise HTTPException(status.HTTP_503_SERVICEUNAVAILABLE, UNAVAILABLE) from exc
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, UNAVAILABLE) from exc
