@@ -1,11 +1,11 @@
 """``BackgroundThread``: the one way trainguard runs a worker beside the main thread.
 
 Every long-lived worker (the hook's step worker, watchdog and directive client, a rank's or an
-exporter's discovery heartbeat, the exporter's sampler, the remediation service's executor
-worker, verifier and decider, the log shipper) is a daemon thread with a name, started and
-stopped from outside, that sleeps between turns and must wake at once when it is stopped. This
-base holds that plumbing, so each worker is only its loop (:meth:`run`, or a ``target`` given
-the thread, as ``threading.Thread`` takes one):
+exporter's discovery heartbeat, the exporter's sampler and Xid waiter, the remediation
+service's executor worker, verifier, decider and SQLite checkpointer, the log shipper) is a
+daemon thread with a name, started and stopped from outside, that sleeps between turns and must
+wake at once when it is stopped. This base holds that plumbing, so each worker is only its loop
+(:meth:`run`, or a ``target`` given the thread, as ``threading.Thread`` takes one):
 
 - :meth:`start` starts the thread (again after a :meth:`stop`); a second call while it runs
   does nothing;

@@ -58,10 +58,10 @@ def test_real_gpus_give_sane_readings() -> None:
         assert provider.identities()
         assert gpu_count() == len(results)
         time.sleep(1.5)  # the Xid thread waits in 1 s slices; it must still be alive
-        assert provider._xid_thread is not None and provider._xid_thread.is_alive()
+        assert provider._xid_thread is not None and provider._xid_thread.alive
     finally:
         provider.close()
-    assert provider._xid_thread is not None and not provider._xid_thread.is_alive()
+    assert provider._xid_thread is not None and not provider._xid_thread.alive
 
 
 @pytest.mark.gpu

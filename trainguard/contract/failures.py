@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from trainguard.contract.alerts import Alert
 from trainguard.contract.metric import MetricSpec
 from trainguard.contract.nodes import (
     GPU_CLOCK_THROTTLED,
@@ -57,6 +56,26 @@ from trainguard.contract.ranks import (
     STEPS,
     SYNC_WAIT_DURATION,
 )
+
+
+# --- alert names ---------------------------------------------------------------------------------
+class Alert(str, enum.Enum):
+    """Alert names (CamelCase); each has ``severity`` and summary/description/runbook_url."""
+
+    TRAINING_OOM = "TrainingOOM"
+    TRAINING_OOM_RISK = "TrainingOOMRisk"
+    TRAINING_STRAGGLER = "TrainingStraggler"
+    TRAINING_COLLECTIVE_STALLED = "TrainingCollectiveStalled"
+    TRAINING_NCCL_TIMEOUT = "TrainingNCCLTimeout"
+    TRAINING_STALLED = "TrainingStalled"
+    TRAINING_RANK_DOWN = "TrainingRankDown"
+    TRAINING_RANK_RESTARTED = "TrainingRankRestarted"
+    TRAINING_DATALOADER_BOUND = "TrainingDataLoaderBound"
+    TRAINING_MEMORY_FRAGMENTATION = "TrainingMemoryFragmentation"
+    GPU_XID_ERROR = "GpuXidError"
+    GPU_THERMAL_THROTTLING = "GpuThermalThrottling"
+    GPU_NVML_DOWN = "GpuNvmlDown"
+    NCCL_SOCKET_TRANSPORT_FALLBACK = "NcclSocketTransportFallback"
 
 
 class Failure(str, enum.Enum):

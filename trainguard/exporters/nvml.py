@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from trainguard.background import BackgroundThread
 from trainguard.exporters.provider import (
     GpuActivity,
     GpuFailure,
@@ -217,8 +218,7 @@ class NvmlProvider:
         self._identities: dict[int, GpuIdentity] = {}
         self._xids: Counter[tuple[int, int]] = Counter()
         self._xid_seen: dict[tuple[int, int], float] = {}
-        self._stop = threading.Event()
-        self._xid_thread: threading.Thread | None = None
+        self._xid_thread: BackgroundThread | None = None
 
     def _ensure_initialised(self) -> None:
         if self._initialised:
@@ -287,13 +287,13 @@ class NvmlProvider:
                 )
             except pynvml.NVMLError as error:
                 log.warning("GPU %d does not report Xid events: %s", index, error)
-        self._xid_thread = threading.Thread(
-            target=self._wait_for_xids, args=(event_set,), name="trainguard-xid", daemon=True
+        self._xid_thread = BackgroundThread(
+            "trainguard-xid", target=lambda thread: self._wait_for_xids(thread, event_set)
         )
         self._xid_thread.start()
 
-    def _wait_for_xids(self, event_set: Any) -> None:
-        while not self._stop.is_set():
+    def _wait_for_xids(self, thread: BackgroundThread, event_set: Any) -> None:
+        while not thread.stopping:
             try:
                 data = pynvml.nvmlEventSetWait_v2(event_set, _XID_WAIT_MS)
             except pynvml.NVMLError as error:
@@ -417,9 +417,8 @@ class NvmlProvider:
         return dict(self._identities)
 
     def close(self) -> None:
-        self._stop.set()
         if self._xid_thread is not None:
-            self._xid_thread.join(timeout=2 * _XID_WAIT_MS / 1000)
+            self._xid_thread.stop(timeout=2 * _XID_WAIT_MS / 1000)
         if self._initialised:
             for gpm in self._gpm.values():
                 gpm.close()

@@ -43,6 +43,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, DataError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
+from trainguard.background import BackgroundThread
 from trainguard.remediation.schema import metadata
 from trainguard.remediation.sql import Statement
 
@@ -186,15 +187,16 @@ class Store:
             raise StoreError(
                 f"cannot open the database ({describe(self.url)}): {_reason(exc)}"
             ) from exc
+        # A plain thread, not a BackgroundThread: the writer stops at a marker in its queue, so
+        # that everything queued before close() is committed first, never at a flag.
         self._writer = threading.Thread(
             target=self._write_loop, name="trainguard-remediation-writer", daemon=True
         )
         self._writer.start()
-        self._checkpoints_stop = threading.Event()
-        self._checkpointer: threading.Thread | None = None
+        self._checkpointer: BackgroundThread | None = None
         if not self.shared:
-            self._checkpointer = threading.Thread(
-                target=self._checkpoint_loop, name="trainguard-remediation-checkpoint", daemon=True
+            self._checkpointer = BackgroundThread(
+                "trainguard-remediation-checkpoint", target=self._checkpoint_loop
             )
             self._checkpointer.start()
 
@@ -301,7 +303,7 @@ class Store:
             else:
                 future.set_exception(value)
 
-    def _checkpoint_loop(self) -> None:
+    def _checkpoint_loop(self, thread: BackgroundThread) -> None:
         """Copy SQLite's WAL into the database file off the writer's path.
 
         SQLite's default checkpoint runs inside the commit that fills the WAL past 1000 pages:
@@ -311,7 +313,7 @@ class Store:
         readers), every second. The WAL restarts from its beginning once a checkpoint has
         caught up with it.
         """
-        while not self._checkpoints_stop.wait(_CHECKPOINT_SECONDS):
+        while not thread.sleep(_CHECKPOINT_SECONDS):
             try:
                 with self.engine.connect() as conn:
                     conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
@@ -381,9 +383,8 @@ class Store:
         self._closed = True
         self._queue.put(_STOP)
         self._writer.join()
-        self._checkpoints_stop.set()
         if self._checkpointer is not None:
-            self._checkpointer.join()
+            self._checkpointer.stop()
         with self._lock_mutex:
             self._release_lock_conn()
         self.engine.dispose()

@@ -9,12 +9,15 @@ from fastapi import HTTPException, Query, status
 from fastapi.concurrency import run_in_threadpool
 
 from trainguard.remediation import operators, queries
-from trainguard.remediation.api.common import UNAVAILABLE, ActionId, audit_router, operator_router
-from trainguard.remediation.decisions import ConflictError, NotFoundError
+from trainguard.remediation.api.common import (
+    ActionId,
+    audit_router,
+    commit_decision,
+    operator_router,
+)
 from trainguard.remediation.deps import StoreDep, WorkerDep
 from trainguard.remediation.models import ActionList, ActionState, ActionView, Decision
 from trainguard.remediation.reports import ActionReport, get_report
-from trainguard.remediation.store import StoreError
 
 audit = audit_router(tags=["audit"])
 operator = operator_router(tags=["audit"])
@@ -48,14 +51,7 @@ def get_action(action_id: ActionId, store: StoreDep) -> ActionView:
 async def _decide(
     action_id: int, approve: bool, decision: Decision | None, store: StoreDep, worker: WorkerDep
 ) -> ActionView:
-    try:
-        await store.write(operators.decide(action_id, approve, decision or Decision()))
-    except NotFoundError as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
-    except ConflictError as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
-    except StoreError as exc:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, UNAVAILABLE) from exc
+    await commit_decision(store, operators.decide(action_id, approve, decision or Decision()))
     if approve:
         worker.wake()
     view = await run_in_threadpool(store.read, lambda conn: queries.get_action(conn, action_id))

@@ -5,14 +5,12 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import HTTPException, Path, status
+from fastapi import Path, status
 
 from trainguard.remediation import operators, queries
-from trainguard.remediation.api.common import UNAVAILABLE, audit_router, operator_router
-from trainguard.remediation.decisions import NotFoundError
+from trainguard.remediation.api.common import audit_router, commit_decision, operator_router
 from trainguard.remediation.deps import StoreDep
 from trainguard.remediation.models import BreakerList
-from trainguard.remediation.store import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +27,5 @@ def list_breakers(store: StoreDep) -> BreakerList:
 @operator.post("/breakers/{subject}/reset", status_code=status.HTTP_204_NO_CONTENT)
 async def reset_breaker(subject: Annotated[str, Path(max_length=256)], store: StoreDep) -> None:
     """Close a tripped circuit breaker (the manual reset it waits for)."""
-    try:
-        await store.write(operators.reset_breaker(subject))
-    except NotFoundError as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
-    except StoreError as exc:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, UNAVAILABLE) from exc
+    await commit_decision(store, operators.reset_breaker(subject))
     log.warning("circuit breaker for %s reset", subject)

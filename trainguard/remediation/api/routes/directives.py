@@ -7,15 +7,13 @@ import time
 from functools import partial
 from typing import Annotated
 
-from fastapi import HTTPException, Query, status
+from fastapi import Query, status
 from fastapi.concurrency import run_in_threadpool
 
 from trainguard.remediation import operators, queries
-from trainguard.remediation.api.common import UNAVAILABLE, ActionId, v1_router
-from trainguard.remediation.decisions import ConflictError, NotFoundError
+from trainguard.remediation.api.common import ActionId, commit_decision, v1_router
 from trainguard.remediation.deps import HubDep, MetricsDep, SettingsDep, StoreDep, WorkerDep
 from trainguard.remediation.models import DirectiveAck, DirectiveList
-from trainguard.remediation.store import StoreError
 
 router = v1_router(tags=["directives"])
 
@@ -63,14 +61,7 @@ async def ack_directive(
     worker: WorkerDep,
 ) -> None:
     """A rank has carried out (or failed to carry out) a directive."""
-    try:
-        action_id = await store.write(operators.ack(directive_id, ack))
-    except NotFoundError as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
-    except ConflictError as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
-    except StoreError as exc:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, UNAVAILABLE) from exc
+    action_id = await commit_decision(store, operators.ack(directive_id, ack))
     metrics.directive_acks.labels(ack.outcome.value).inc()
     if action_id is not None:
         # The action waits for acknowledgements: it may be done now, and the next step free.
