@@ -4,8 +4,9 @@ against) ``docs/catalogue.md``.
 Each row is one failure of ``contract.FAILURES``, in its order: what the catalogue says of it
 (alerts, signals and who emits them, thresholds, dashboards, the default policy's actions) and
 what the components registered for it (triage's detector, diagnose's analysis, the demo's fault
-kinds). The page is generated, so it cannot drift from the code; ``--check`` (run by the test
-suite) fails when the committed page is stale.
+kinds); then, per alert, the rule the remediation service's verifier judges a repair of it by
+(``FailureSpec.recovery``). The page is generated, so it cannot drift from the code; ``--check``
+(run by the test suite) fails when the committed page is stale.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainguard.contract import FAILURES, Catalogue
+from trainguard.contract import FAILURES, Catalogue, Recovery
 
 DEFAULT_OUT = Path("docs") / "catalogue.md"
 RUNBOOK = "../trainguard/alerts/runbook.md"
@@ -40,6 +41,25 @@ _COLUMNS = (
     "diagnose",
     "demo faults",
 )
+
+
+_RECOVERY_HEADER = """
+## How a repair is verified, per alert
+
+The remediation service's verifier judges each alert of an incident by its rule
+([remediation](remediation.md#incidents-and-verification)); for a job, its step must also pass
+the step it had reached and keep rising for `verify_progress_seconds` after the repair.
+
+| alert | failure | recovered when | counts |
+|---|---|---|---|
+"""
+_RECOVERY_TEXT = {
+    Recovery.CONDITION_CLEARED: "the alert resolved (its condition no longer holds)",
+    Recovery.NO_NEW_EVENT: (
+        "no new event since the repair (the alert still firing for its window is no failure; "
+        "a restart the repair made is the repair's)"
+    ),
+}
 
 
 def _code(names: list[str] | tuple[str, ...]) -> str:
@@ -76,7 +96,22 @@ def render(catalogue: Catalogue = FAILURES) -> str:
         ]
         rows.append("| " + " | ".join(cells) + " |\n")
     head = "| " + " | ".join(_COLUMNS) + " |\n" + "|---" * len(_COLUMNS) + "|\n"
-    return _HEADER + head + "".join(rows)
+    return _HEADER + head + "".join(rows) + _recovery(catalogue)
+
+
+def _recovery(catalogue: Catalogue) -> str:
+    rows = []
+    for spec in catalogue.values():
+        for alert in spec.alerts:
+            event = catalogue.event_alert(alert)
+            cells = [
+                f"[{alert.value}]({RUNBOOK}#{alert.value.lower()})",
+                f"`{spec.failure.value}`",
+                _RECOVERY_TEXT[spec.recovery(alert)],
+                "-" if event is None else f"`{event.count.name}`",
+            ]
+            rows.append("| " + " | ".join(cells) + " |\n")
+    return _RECOVERY_HEADER + "".join(rows)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -32,6 +32,8 @@ from trainguard.alerts.runbook import sections as runbook_sections
 from trainguard.contract import Alert, Severity
 
 TRAINING_ALERTS = {a for a in Alert if a.value.startswith("Training")}
+# Training alerts about a whole job, not one rank: a restart restarts every rank together.
+JOB_ALERTS = {Alert.TRAINING_RANK_RESTARTED}
 
 
 def load_rules() -> list[dict[str, Any]]:
@@ -114,7 +116,9 @@ def test_every_contract_alert_has_a_complete_rule() -> None:
         assert base == "trainguard/alerts/runbook.md"
         assert anchor in headings, f"{name}: runbook has no section #{anchor}"
         text = notes[contract.ANNOTATION_DESCRIPTION]
-        if Alert(name) in TRAINING_ALERTS:
+        if Alert(name) in JOB_ALERTS:
+            assert "$labels.job_id" in text and "$labels.rank" not in text, name
+        elif Alert(name) in TRAINING_ALERTS:
             for label in ("job_id", "rank", "node"):
                 assert f"$labels.{label}" in text, (name, label)
         else:

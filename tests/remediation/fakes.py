@@ -1,8 +1,8 @@
 """Stand-ins for the verifier's outside world: Prometheus' answers, Alertmanager's alert API.
 
-:class:`FakePrometheus` is the verifier's :class:`~trainguard.remediation.verify.Query`, injected
-through ``create_app(prometheus=...)``: it answers the few queries the verifier makes from
-values a test sets, before and after the failure's detection. :class:`AlertmanagerStub` is a
+:class:`FakePrometheus` is the verifier's :class:`~trainguard.remediation.prometheus.Query`,
+injected through ``create_app(prometheus=...)``: it answers the few queries the verifier makes
+from values a test sets, before and after the failure's detection. :class:`AlertmanagerStub` is a
 loopback HTTP server that follows Alertmanager's ``POST /api/v2/alerts`` contract (a JSON array
 of postable alerts; 200 when valid, 400 naming the problem) and keeps what it accepted.
 """
@@ -24,8 +24,8 @@ from typing import Any
 import yaml
 
 from trainguard import contract
+from trainguard.remediation.prometheus import Sample
 from trainguard.remediation.settings import Settings
-from trainguard.remediation.verify import Sample
 
 # When the test alerts start (conftest.alert's default startsAt).
 DETECTED_AT = datetime.fromisoformat("2026-01-01T00:00:00+00:00").timestamp()
@@ -35,7 +35,10 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 @dataclass
 class FakePrometheus:
     """Answers as Prometheus would for one job: its step and ranks up before and after the
-    detection, which alerts it has firing, and when the first alert went pending."""
+    detection, which alerts it has firing, when the first alert went pending, the events its
+    counters counted since a moment (``events``: counter name -> [(when, how many)]), its
+    restart count, and whether its ranks' targets are still listed (``listed``; False: every
+    rank withdrew, ``down_at_last_scrape`` naming the nodes whose last scrape failed)."""
 
     baseline_step: float | None = 100.0
     step: float | None = 100.0
@@ -43,6 +46,10 @@ class FakePrometheus:
     ranks: dict[str, int] = field(default_factory=lambda: {"n1": 2, "n2": 2})
     firing: set[str] = field(default_factory=set)
     pending_since: float = DETECTED_AT - 60.0
+    events: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    restarts: list[tuple[float, float]] = field(default_factory=lambda: [(0.0, 0.0)])
+    listed: bool = True
+    down_at_last_scrape: set[str] = field(default_factory=set)
     queries: list[tuple[str, float]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -66,6 +73,21 @@ class FakePrometheus:
             if expr.startswith(f"max({contract.TRAINING_STEP.name}"):
                 value = self.baseline_step if before else self._step_at(at)
                 return [] if value is None else [Sample({}, value)]
+            if expr.startswith(f"max(last_over_time({contract.TRAINING_STEP.name}"):
+                steps = [v for _, v in self.__dict__["step_history"] if v is not None]
+                return [Sample({}, max(steps))] if steps else []
+            if expr.startswith("sum(increase("):
+                name = expr.removeprefix("sum(increase(").split("{")[0]
+                seconds = float(re.findall(r"\[(\d+)s\]", expr)[-1])
+                counted = sum(n for when, n in self.events.get(name, []) if at - seconds <= when)
+                return [Sample({}, counted)]
+            if expr.startswith(f"max({contract.ELASTIC_RESTARTS.name}"):
+                counts = [value for when, value in self.restarts if when <= at]
+                return [Sample({}, counts[-1])] if counts else []
+            if expr.startswith("count by (node) (last_over_time(up"):
+                return [Sample({"node": node}, 1.0) for node in sorted(self.down_at_last_scrape)]
+            if expr.startswith("count(up") and "== 1" not in expr:
+                return [Sample({}, 4.0)] if self.listed else []
             if expr.startswith("count(up"):
                 ranks = self.baseline_ranks if before else self.ranks
                 node = labels.get(contract.LABEL_NODE)

@@ -1,10 +1,18 @@
-"""Alert rules of the ``rank_failure`` failure: a rank's process died or stopped answering."""
+"""Alert and recording rules of the ``rank_failure`` failure: a rank's process died or stopped
+answering."""
 
 from __future__ import annotations
 
 from trainguard import contract
 from trainguard.alerts.promql import RANK, RANK_UP, J, R, on_scheduler_of_job
-from trainguard.alerts.rule import ALERT_RULES, WHO, AlertRule
+from trainguard.alerts.rule import (
+    ALERT_RULES,
+    RECORDING_RULES,
+    WHO,
+    AlertRule,
+    Recorded,
+    RecordingGroup,
+)
 from trainguard.contract import Alert, Failure, Severity
 from trainguard.thresholds import Thresholds
 
@@ -63,31 +71,56 @@ def _rank_down(t: Thresholds) -> AlertRule:
 
 
 def _rank_restarted(t: Thresholds) -> AlertRule:
-    """The ranks whose elastic agent restarted them within ``rank_restart_window``: a rank of
-    the job died and torchrun brought the worker group back (``TrainingRankDown`` cannot see
-    it: every rank restarts, none stays down while the others run). A job that re-formed
-    smaller in the window (an excluded node: the survivors restart without it) is left to the
-    membership rules.
+    """A job whose elastic agents restarted its worker group within ``rank_restart_window``: a
+    rank died and torchrun brought the group back (``TrainingRankDown`` cannot see it: every
+    rank restarts, none stays down while the others run). One alert per restart, labelled with
+    the job's restart count, firing for the window.
+
+    The count is the job's (the highest of its ranks': every agent counts the group's restarts,
+    and a rank that comes back on another port is the same rank), read over the window rather
+    than at the instant, so the scrapes a restart misses (its ranks are down meanwhile) neither
+    resolve the alert nor fire it again. Restarts that re-formed the job at another world size
+    (a node excluded, drained or added: the survivors restart with it) are the membership's:
+    each change of the world size in the window explains one restart, so a restart after an
+    exclusion still fires at once. A count that drops (the job relaunched by its scheduler,
+    counting from 0 again) is no restart.
     """
-    restarts, world = contract.ELASTIC_RESTARTS.name, contract.WORLD_SIZE.name
     window = t.rank_restart_window
-    rose = (
-        f"max by ({RANK}) (\n  max_over_time({restarts}[{window}])"
-        f" - min_over_time({restarts}[{window}])\n) > 0"
-    )
-    shrank = f"max by ({J}) (max_over_time({world}[{window}]))\n> max by ({J}) ({world})"
+    count = f"last_over_time({contract.REC_JOB_ELASTIC_RESTARTS}[{window}])"
+    rose = f"{count} - min_over_time({contract.REC_JOB_ELASTIC_RESTARTS}[{window}])"
+    resized = f"changes({contract.REC_JOB_WORLD_SIZE}[{window}])"
     return AlertRule(
         alert=Alert.TRAINING_RANK_RESTARTED,
         severity=Severity.WARNING,
-        # Cover: the jobs whose ranks report the gauge (the condition needs it).
-        expr=on_scheduler_of_job(f"{rose}\nunless on ({J}) (\n{shrank}\n)", restarts),
-        summary="Rank {{ $labels.rank }} of job {{ $labels.job_id }} was restarted",
-        description=f"torchrun's elastic agent restarted {WHO} within the last {window} "
-        "(TORCHELASTIC_RESTART_COUNT rose): a rank of the job died, every rank of its worker "
-        "group was restarted and the job resumed from its last checkpoint. The agents' logs "
-        "name the worker that failed first (`trainguard triage` on them, `trainguard diagnose "
-        "--logs` with them).",
+        # Cover: the jobs whose ranks report the count (the condition needs it).
+        expr=on_scheduler_of_job(
+            f"{count}\nand on ({J}) (\n  {rose}\n  > on ({J})\n  {resized}\n)",
+            contract.REC_JOB_ELASTIC_RESTARTS,
+        ),
+        labels={contract.LABEL_RESTARTS: "{{ $value }}"},
+        summary="The workers of job {{ $labels.job_id }} were restarted (restart {{ $value }})",
+        description="torchrun's elastic agents restarted the worker group of job "
+        "{{ $labels.job_id }} within the last " + window + " (TORCHELASTIC_RESTART_COUNT rose "
+        "to {{ $value }}, and the job re-formed at the same size): a rank of the "
+        "job died, every rank was restarted and the job resumed from its last checkpoint. The "
+        "agents' logs name the worker that failed first (`trainguard triage` on them, "
+        "`trainguard diagnose --logs` with them).",
     )
+
+
+@RECORDING_RULES.register(Failure.RANK_FAILURE)
+def recording(t: Thresholds) -> list[Recorded]:
+    """The job's restart count and world size, one series per job: the restart alert reads
+    their history over its window, whichever ranks and ports reported them."""
+    health = RecordingGroup.RANKS_HEALTH
+    return [
+        Recorded(
+            health,
+            contract.REC_JOB_ELASTIC_RESTARTS,
+            f"max by ({J}) ({contract.ELASTIC_RESTARTS.name})",
+        ),
+        Recorded(health, contract.REC_JOB_WORLD_SIZE, f"max by ({J}) ({contract.WORLD_SIZE.name})"),
+    ]
 
 
 @ALERT_RULES.register(Failure.RANK_FAILURE)

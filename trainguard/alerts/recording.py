@@ -176,14 +176,17 @@ def _reliability(w: str) -> list[Rule]:
     """Success rate and MTTR of the incidents the remediation service closed within ``w``, per
     failure and over all of them.
 
-    Success rate: incidents recovered / incidents closed. A failure whose incidents all failed
-    has no ``recovered`` series to increase, so it counts as 0 recovered rather than vanishing;
-    a window without incidents has no ratio (no series) rather than 0/0. MTTR: the mean time to
-    recover of the incidents that recovered, from the histogram's sum and count.
+    Success rate: incidents recovered / incidents judged, where judged leaves out those closed
+    because their job ended normally before the repair could be judged (``job_ended``). A
+    failure whose incidents all failed has no ``recovered`` series to increase, so it counts as
+    0 recovered rather than vanishing; a window without judged incidents has no ratio (no
+    series) rather than 0/0. MTTR: the mean time to recover of the incidents that recovered,
+    from the histogram's sum and count.
     """
     c = contract
-    closed = c.REMEDIATION_INCIDENTS.name
-    recovered = f'{closed}{{{c.LABEL_OUTCOME}="{c.IncidentOutcome.RECOVERED.value}"}}'
+    name = c.REMEDIATION_INCIDENTS.name
+    closed = f'{name}{{{c.LABEL_OUTCOME}!="{c.IncidentOutcome.JOB_ENDED.value}"}}'
+    recovered = f'{name}{{{c.LABEL_OUTCOME}="{c.IncidentOutcome.RECOVERED.value}"}}'
     recover = c.REMEDIATION_TIME_TO_RECOVER
 
     def success(by: str) -> str:

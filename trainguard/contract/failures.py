@@ -78,6 +78,27 @@ class Alert(str, enum.Enum):
     NCCL_SOCKET_TRANSPORT_FALLBACK = "NcclSocketTransportFallback"
 
 
+class Recovery(str, enum.Enum):
+    """How the remediation service's verifier judges that the repair of an alert worked."""
+
+    # A state (a straggler, a stall, a rank down): recovered once the alert's condition no
+    # longer holds and the job steps past where it was.
+    CONDITION_CLEARED = "condition_cleared"
+    # An event counted over a window (an OOM, a timeout, a restart, an Xid): the alert keeps
+    # firing for its window after the event whatever the job does since, so recovered is the
+    # job stepping on with no new event since the repair.
+    NO_NEW_EVENT = "no_new_event"
+
+
+@dataclass(frozen=True)
+class EventAlert:
+    """An alert that counts events over a window, and the count it reads: a counter of the
+    events, or a gauge that rises by one per event (the elastic agents' restart count)."""
+
+    alert: Alert
+    count: MetricSpec
+
+
 class Failure(str, enum.Enum):
     """Which failure: the one name every component gives it (``failure`` in records)."""
 
@@ -223,6 +244,8 @@ class FailureSpec:
     it; ``actions`` the default policy's actions for its alerts, in the order they are tried.
     ``same_fault_as``: failures that are this one seen at another stage (a hang becomes an NCCL
     timeout once NCCL's watchdog fires), so an incident of one is a diagnosis of the other.
+    ``events``: its alerts that count events over a window (:attr:`Recovery.NO_NEW_EVENT`);
+    every other alert of it is a state (:attr:`Recovery.CONDITION_CLEARED`).
     Its runbook section is ``## <failure>`` of ``trainguard/alerts/runbook.md``; its promtool
     tests are ``tests/alerts/<failure>.test.yml``.
     """
@@ -235,6 +258,13 @@ class FailureSpec:
     thresholds: tuple[str, ...] = ()
     dashboards: tuple[str, ...] = ()
     same_fault_as: tuple[Failure, ...] = ()
+    events: tuple[EventAlert, ...] = ()
+
+    def recovery(self, alert: Alert) -> Recovery:
+        """How a repair of ``alert`` (one of this failure's) is verified."""
+        if any(event.alert is alert for event in self.events):
+            return Recovery.NO_NEW_EVENT
+        return Recovery.CONDITION_CLEARED
 
     @property
     def runbook_anchor(self) -> str:
@@ -268,6 +298,13 @@ class Catalogue(Mapping[Failure, FailureSpec]):
         alerts = [alert for spec in self.specs for alert in spec.alerts]
         if len(set(alerts)) != len(alerts):
             raise ValueError("an alert belongs to two failures")
+        for spec in self.specs:
+            for event in spec.events:
+                if event.alert not in spec.alerts or event.count not in spec.signals:
+                    raise ValueError(
+                        f"{spec.failure.value}: an event alert must be one of its alerts, "
+                        "counting one of its signals"
+                    )
 
     def __getitem__(self, failure: Failure) -> FailureSpec:
         for spec in self.specs:
@@ -291,6 +328,11 @@ class Catalogue(Mapping[Failure, FailureSpec]):
             if alert in spec.alerts:
                 return spec.failure
         raise KeyError(alert)
+
+    def event_alert(self, alert: Alert) -> EventAlert | None:
+        """What ``alert`` counts, when it counts events over a window (else None: a state)."""
+        spec = self[self.failure_of(alert)]
+        return next((event for event in spec.events if event.alert is alert), None)
 
     def alerts(self) -> list[Alert]:
         """Every alert, failure by failure, each failure's in its own order."""
@@ -335,6 +377,7 @@ FAILURES = Catalogue(
             actions=(Action.DRAIN_NODE, Action.RECOMMEND),
             thresholds=("xid_window", "xid_critical", "nvml_down_for"),
             dashboards=("trainguard-gpus",),
+            events=(EventAlert(Alert.GPU_XID_ERROR, GPU_XID_ERRORS),),
         ),
         FailureSpec(
             Failure.OOM,
@@ -366,6 +409,7 @@ FAILURES = Catalogue(
                 "fragmentation_for",
             ),
             dashboards=("trainguard-memory", "trainguard-overview"),
+            events=(EventAlert(Alert.TRAINING_OOM, OOM_EVENTS),),
         ),
         FailureSpec(
             Failure.HANG,
@@ -397,6 +441,7 @@ FAILURES = Catalogue(
             thresholds=("nccl_timeout_window",),
             dashboards=("trainguard-collectives",),
             same_fault_as=(Failure.HANG,),
+            events=(EventAlert(Alert.TRAINING_NCCL_TIMEOUT, COLLECTIVE_TIMEOUTS),),
         ),
         FailureSpec(
             Failure.NCCL_ERROR,
@@ -415,6 +460,7 @@ FAILURES = Catalogue(
             actions=(Action.RESTART_FROM_CHECKPOINT, Action.RECOMMEND),
             thresholds=("rank_down_for", "rank_absent_window", "rank_restart_window"),
             dashboards=("trainguard-overview",),
+            events=(EventAlert(Alert.TRAINING_RANK_RESTARTED, ELASTIC_RESTARTS),),
         ),
         FailureSpec(
             Failure.STRAGGLER,

@@ -33,6 +33,7 @@ LABEL_TREES = "trees"
 LABEL_COMM_ID = "comm_id"
 LABEL_PARALLELISM = "parallelism"
 LABEL_TIMING_SOURCE = "timing_source"
+LABEL_RESTARTS = "restarts"  # TrainingRankRestarted: the job's restart count it fired for
 
 # Labels every training-rank series carries; they identify the process.
 RANK_IDENTITY_LABELS: tuple[str, ...] = (LABEL_JOB_ID, LABEL_RANK, LABEL_LOCAL_RANK, LABEL_NODE)

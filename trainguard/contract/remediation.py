@@ -89,19 +89,23 @@ LABEL_FAILURE = "failure"
 
 
 class IncidentOutcome(str, enum.Enum):
-    """How an incident ended: training recovered, did not, or is worse than when it started
-    (more ranks down)."""
+    """How an incident ended: training recovered, did not, is worse than when it started (more
+    ranks down), or the job ended normally before a repair could be judged (neither a success
+    nor a failure of remediation: the reliability ratios leave it out)."""
 
     RECOVERED = "recovered"
     NOT_RECOVERED = "not_recovered"
     WORSE = "worse"
+    JOB_ENDED = "job_ended"
 
 
 class JobOutcome(str, enum.Enum):
-    """Whether the job's training passed the step it had reached before the incident."""
+    """Whether the job's training passed the step it had reached before the incident, or ran to
+    its end (every rank withdrew cleanly)."""
 
     RESUMED = "resumed"
     LOST = "lost"
+    FINISHED = "finished"
 
 
 # The alert the service posts to Alertmanager when the last rung of a ladder did not recover a
@@ -112,7 +116,7 @@ LABEL_RUNG = "rung"
 
 REMEDIATION_INCIDENTS = counter(
     "remediation_incidents_total",
-    "Incidents closed, by failure and outcome (recovered|not_recovered|worse).",
+    "Incidents closed, by failure and outcome (recovered|not_recovered|worse|job_ended).",
     (LABEL_FAILURE, LABEL_OUTCOME),
 )
 REMEDIATION_INCIDENTS_OPEN = gauge(
@@ -122,7 +126,8 @@ REMEDIATION_INCIDENTS_OPEN = gauge(
 )
 REMEDIATION_INCIDENT_JOBS = counter(
     "remediation_incident_jobs_total",
-    "Incidents closed, by whether the job's training passed its pre-incident step (resumed|lost).",
+    "Incidents closed, by whether the job's training passed its pre-incident step or ran to its "
+    "end (resumed|lost|finished).",
     (LABEL_FAILURE, LABEL_OUTCOME),
 )
 REMEDIATION_TIME_TO_DETECT = histogram(

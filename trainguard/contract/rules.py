@@ -48,6 +48,10 @@ REC_RANK_MEMORY_AT_CAPACITY = "rank:trainguard_memory_allocated_bytes:predicted_
 REC_JOB_STEP_DURATION_BUCKET_RATE = "job_le:trainguard_step_duration_seconds_bucket:rate5m"
 REC_JOB_GRAD_SYNC_BUCKET_RATE = "job_le:trainguard_grad_sync_duration_seconds_bucket:rate5m"
 REC_JOB_LAST_STEP = "job:trainguard_last_step_timestamp_seconds:max"
+# A job's restart count and world size (the highest its ranks report): the restart alert reads
+# their history, whichever of the job's ranks and ports reported them.
+REC_JOB_ELASTIC_RESTARTS = "job:trainguard_elastic_restarts:max"
+REC_JOB_WORLD_SIZE = "job:trainguard_world_size:max"
 REC_JOB_STALEST_RANK = "job:trainguard_last_step_timestamp_seconds:stalest_rank"
 # One series per job (per node) carrying the scheduler labels of its ranks' rank_info; both
 # read the ranks' rank_info once, folded per job and node (a few series per node, not per rank).

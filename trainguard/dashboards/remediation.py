@@ -179,8 +179,9 @@ def _reliability() -> list[PanelBuilder]:
         ),
         series(
             "Incidents by outcome",
-            "Incidents closed, by the verifier's outcome (recovered, not_recovered, worse), and "
-            "incidents open (being acted on or verified).",
+            "Incidents closed, by the verifier's outcome (recovered, not_recovered, worse, "
+            "job_ended: the job ended normally before the repair could be judged), and incidents "
+            "open (being acted on or verified).",
             "short",
             Query(increase(c.REMEDIATION_INCIDENTS, f, c.LABEL_OUTCOME), "{{outcome}}"),
             Query(f"sum({c.REMEDIATION_INCIDENTS_OPEN.name}{{{f}}})", "open"),
@@ -188,7 +189,7 @@ def _reliability() -> list[PanelBuilder]:
         series(
             "Jobs resumed vs lost",
             "Incidents closed by whether the job's training passed the step it had reached "
-            "before the incident (resumed) or not (lost).",
+            "before the incident (resumed) or not (lost), or ran to its end (finished).",
             "short",
             Query(increase(c.REMEDIATION_INCIDENT_JOBS, f, c.LABEL_OUTCOME), "{{outcome}}"),
             stacked=True,

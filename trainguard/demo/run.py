@@ -449,7 +449,8 @@ def write_summary(cfg: DemoConfig, result: DemoResult) -> Path:
         "",
         "Seconds from each fault's injection: the alert reached the service (detected), the "
         "repair was carried out (acted), training stepped again, and the service verified the "
-        "recovery (its alert resolved and the steps passed the one reached before).",
+        "recovery (a state alert resolved, or no new event since the repair for an event alert "
+        "such as the OOM's; and the steps passed the one reached before and kept rising).",
         "",
         "| fault | detected | action | acted | training again | verified | outcome | rung |",
         "|---|---|---|---|---|---|---|---|",

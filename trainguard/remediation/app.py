@@ -34,15 +34,10 @@ from trainguard.remediation.hub import DirectiveHub
 from trainguard.remediation.inbox import Decider
 from trainguard.remediation.metrics import Metrics
 from trainguard.remediation.policy import load_policy
+from trainguard.remediation.prometheus import PrometheusQuery, QueryFactory, prometheus_query
 from trainguard.remediation.settings import Settings
 from trainguard.remediation.store import Store, probe
-from trainguard.remediation.verify import (
-    Deadlines,
-    PrometheusQuery,
-    QueryFactory,
-    Verifier,
-    prometheus_query,
-)
+from trainguard.remediation.verify import Deadlines, Verifier
 from trainguard.remediation.worker import Worker
 from trainguard.version import VERSION
 

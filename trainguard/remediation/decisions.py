@@ -106,6 +106,10 @@ PENDING_OF_ALERT = Statement(f"""
     SELECT actions.id FROM actions JOIN alerts ON alerts.id = actions.alert_id
     WHERE alerts.fingerprint = :fingerprint AND actions.state IN ({_PENDING_SQL})
     """)
+PENDING_OF_INCIDENT = Statement(f"""
+    SELECT actions.id FROM actions JOIN incident_actions ia ON ia.action_id = actions.id
+    WHERE ia.incident_id = :incident_id AND actions.state IN ({_PENDING_SQL})
+    """)
 DUE = Statement("""
     SELECT alerts.id, name, labels, starts_at, ends_at, status
     FROM deferred JOIN alerts ON alerts.id = deferred.alert_id
@@ -262,6 +266,15 @@ def set_state(
         return False
     record_transition(conn, action_id, state.value, note)
     return True
+
+
+def cancel_pending_of_incident(conn: Connection, incident_id: int, note: str) -> int:
+    """Cancel the incident's actions still waiting to run (queued, awaiting approval); how
+    many. One already running finishes: its executor cannot be called back."""
+    cancelled = 0
+    for (action_id,) in PENDING_OF_INCIDENT.rows(conn, {"incident_id": incident_id}):
+        cancelled += set_state(conn, action_id, ActionState.CANCELLED, note, expect=PENDING_STATES)
+    return cancelled
 
 
 def iso(moment: datetime | None) -> str | None:

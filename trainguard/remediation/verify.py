@@ -7,11 +7,19 @@ own, looks at every open incident (:mod:`trainguard.remediation.incidents`) ever
 - baseline: once, from Prometheus when one is configured: the job's highest ``trainguard_step``
   and its ranks up when the failure was detected (the alert's startsAt), and the first evidence
   (``ALERTS_FOR_STATE``, the alert's pending start);
-- recovered as soon as every alert of the incident is resolved (Alertmanager said so, or
-  Prometheus no longer has it firing) and, for a job, the job's step has passed its baseline
-  and the step it had reached when the latest repair was carried out, and the job has kept
-  stepping for ``verify_progress_seconds`` since that repair;
-  without Prometheus, by the alerts resolving alone (the note says so);
+- recovered, each alert of the incident by its catalogue's rule (:class:`contract.Recovery`):
+  a state alert once it is resolved (Alertmanager said so, or Prometheus no longer has it
+  firing); an event alert (an OOM, a timeout, a restart, an Xid: a count over a window, which
+  keeps firing for its window whatever the job does) once no new event has been counted since
+  the latest repair (since detection before any), a restart the repair itself made aside; and,
+  for a job, once its step has passed its baseline and the step it had reached when the latest
+  repair was carried out, and it has kept stepping for ``verify_progress_seconds`` since that
+  repair (since detection for an event nothing repaired yet); without Prometheus, by the
+  alerts resolving alone (the note says so);
+- job ended: a job whose every rank withdrew cleanly (no target of it left, none down at its
+  last scrape) is closed at once with the job's outcome ``finished``, never escalated: recovered
+  when it had passed its target step with no new event, else ``job_ended``; what its rungs
+  still had queued is cancelled;
 - while a rung's actions are not done (pending, running, plan steps still to come) it waits;
   once they are, the rung has its verification deadline (the rule's or step's
   ``verify_seconds``, else the action's default) to recover; past it, the next rung is decided
@@ -30,93 +38,32 @@ compare-and-set on the incident's rung and state, so no rung is climbed twice.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
-import httpx
 from sqlalchemy import Connection
 
 from trainguard import contract
 from trainguard.background import BackgroundThread
 from trainguard.contract import Action, IncidentOutcome, JobOutcome
-from trainguard.remediation import incidents
+from trainguard.remediation import decisions, incidents
 from trainguard.remediation.actions import CATALOG, ActionKind
 from trainguard.remediation.engine import Engine
 from trainguard.remediation.incidents import UNFINISHED_STATES, OpenIncident
 from trainguard.remediation.metrics import Metrics
-from trainguard.remediation.models import ActionState, AlertStatus, IncidentState
+from trainguard.remediation.models import IncidentState
 from trainguard.remediation.policy import Rule
+from trainguard.remediation.prometheus import Query, QueryError, Reads
+from trainguard.remediation.recovery import Baseline, Ending, Judge, iso, repairs_done
 from trainguard.remediation.settings import Settings
 from trainguard.remediation.store import Store
 
 log = logging.getLogger(__name__)
 
-_QUERY_TIMEOUT_SECONDS = 10.0
 _ALONE = " (no Prometheus configured: verified by alert resolution alone)"
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One series of an instant query's answer."""
-
-    labels: Mapping[str, str]
-    value: float
-
-
-class QueryError(RuntimeError):
-    """Prometheus could not answer the query."""
-
-
-class Query(Protocol):
-    """An instant PromQL query evaluated at ``at`` (a ``time.time()`` instant)."""
-
-    def __call__(self, expr: str, at: float) -> list[Sample]: ...
-
-
-class PrometheusQuery:
-    """:class:`Query` against Prometheus' HTTP API (``/api/v1/query``)."""
-
-    def __init__(self, url: str, timeout: float = _QUERY_TIMEOUT_SECONDS) -> None:
-        self._client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
-
-    def __call__(self, expr: str, at: float) -> list[Sample]:
-        try:
-            response = self._client.get(
-                "/api/v1/query", params={"query": expr, "time": f"{at:.3f}"}
-            )
-            body = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            raise QueryError(f"{type(exc).__name__}: {exc}") from exc
-        if response.status_code != 200 or body.get("status") != "success":
-            raise QueryError(f"HTTP {response.status_code}: {body.get('error', '')}")
-        data = body["data"]
-        if data["resultType"] == "vector":
-            return [Sample(s["metric"], float(s["value"][1])) for s in data["result"]]
-        if data["resultType"] == "scalar":
-            return [Sample({}, float(data["result"][1]))]
-        raise QueryError(f"unexpected result type {data['resultType']!r} for {expr}")
-
-    def close(self) -> None:
-        self._client.close()
-
-
-QueryFactory = Callable[[Settings], Query | None]
-
-
-def prometheus_query(settings: Settings) -> Query | None:
-    """The verifier's Prometheus, or None when ``prometheus_url`` is unset."""
-    return None if not settings.prometheus_url else PrometheusQuery(settings.prometheus_url)
-
-
-def selector(name: str, **labels: str) -> str:
-    """``name{label="value",...}`` with the values quoted as PromQL strings."""
-    matchers = ",".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in labels.items())
-    return f"{name}{{{matchers}}}"
 
 
 @dataclass(frozen=True)
@@ -152,28 +99,8 @@ class Deadlines:
         }.get(action, self.other)
 
 
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat(timespec="seconds")
-
-
-def _repairs_done(incident: OpenIncident) -> list[tuple[float, Action]]:
-    """(when, what) of the incident's repairs carried out: not advice, not a page."""
-    return [
-        (a.updated_at, a.action)
-        for a in incident.actions
-        if a.state is ActionState.SUCCEEDED and a.action not in (Action.RECOMMEND, Action.PAGE)
-    ]
-
-
 def _label(incident: OpenIncident) -> str:
     return "" if incident.failure is None else incident.failure.value
-
-
-@dataclass
-class _Baseline:
-    step: int | None
-    ranks_up: int | None
-    at: float | None
 
 
 class Verifier(BackgroundThread):
@@ -195,7 +122,8 @@ class Verifier(BackgroundThread):
         self._engine = engine
         self._metrics = metrics
         self._deadlines = deadlines
-        self._query = query
+        self._reads = None if query is None else Reads(query)
+        self._judge = Judge(self._reads, deadlines.progress)
         self._interval = interval
         self._wake_worker = wake_worker
 
@@ -223,12 +151,12 @@ class Verifier(BackgroundThread):
         """End the removals whose node is back in its job (see :mod:`.incidents`): vacated
         once no rank of the job is up on the node, rejoined when one is up there again.
         Without Prometheus a removal lasts for the life of the job's records."""
-        if self._query is None:
+        if self._reads is None:
             return
         at = time.time() if now is None else now
         for removal in self._store.read(incidents.active_removals):
             try:
-                up = self._ranks_up(removal.job_id, at, removal.node)
+                up = self._reads.ranks_up(removal.job_id, at, removal.node)
             except Exception:
                 log.exception("reading the ranks of %s on %s failed", removal.job_id, removal.node)
                 continue
@@ -253,11 +181,11 @@ class Verifier(BackgroundThread):
     # --- one incident ----------------------------------------------------------------------
     def _verify(self, incident: OpenIncident, now: float) -> None:
         changes: dict[str, Any] = {}
-        baseline = _Baseline(
+        baseline = Baseline(
             incident.baseline_step, incident.baseline_ranks_up, incident.baseline_at
         )
         notes: list[str] = []
-        if self._query is not None and baseline.at is None:
+        if self._reads is not None and baseline.at is None:
             try:
                 changes.update(self._read_baseline(incident, baseline, now))
             except QueryError as exc:
@@ -266,15 +194,24 @@ class Verifier(BackgroundThread):
         if acted is not None and incident.acted_at is None:
             changes["acted_at"] = acted[0]
         try:
-            recovered, why = self._recovered(incident, baseline, now)
+            recovered, why = self._judge.recovered(incident, baseline, now)
         except QueryError as exc:
             recovered, why = False, f"cannot tell whether it recovered (Prometheus: {exc})"
-        if self._query is None:
+        if self._reads is None:
             why += _ALONE
         if recovered:
             job = JobOutcome.RESUMED if baseline.step is not None else None
             self._close(incident, now, IncidentOutcome.RECOVERED, job, why, changes, True)
             return
+        if incident.job_id is not None and self._reads is not None:
+            try:
+                ending = self._judge.ended(incident, baseline, now, self._removed_nodes(incident))
+            except QueryError as exc:
+                notes.append(f"cannot tell whether the job ended (Prometheus: {exc})")
+            else:
+                if ending is not None:
+                    self._close_ended(incident, now, ending, changes)
+                    return
         why = "; ".join([*notes, why])
         rule = self._engine.policy.plan(incident.ladder.name, incident.ladder.labels)
         on_rung = [a for a in incident.actions if a.rung == incident.rung]
@@ -298,7 +235,7 @@ class Verifier(BackgroundThread):
         if now < deadline:
             note = (
                 f"verifying rung {incident.rung} ({incident.rung_action}) until "
-                f"{_iso(deadline)}: {why}"
+                f"{iso(deadline)}: {why}"
             )
             verifying = IncidentState.VERIFYING.value
             self._update(incident, changes, state=verifying, deadline_at=deadline, note=note)
@@ -343,7 +280,7 @@ class Verifier(BackgroundThread):
         step = rule.escalate[rung - 1]
         due = incident.ladder.starts_at + step.after_seconds
         if now < due:
-            note = f"{why}; rung {rung} ({step.action.value}) is due at {_iso(due)}"
+            note = f"{why}; rung {rung} ({step.action.value}) is due at {iso(due)}"
             self._update(incident, changes, note=note)
             return
         if changes:
@@ -381,13 +318,13 @@ class Verifier(BackgroundThread):
         step = changes.get("baseline_step", incident.baseline_step)
         ranks = changes.get("baseline_ranks_up", incident.baseline_ranks_up)
         note = f"{why}; the ladder is exhausted"
-        if self._query is not None and incident.job_id is not None and step is not None:
+        if self._reads is not None and incident.job_id is not None and step is not None:
             try:
-                current = self._job_step(incident.job_id, now)
+                current = self._reads.step(incident.job_id, now)
                 passed = current is not None and current > step
                 job = JobOutcome.RESUMED if passed else JobOutcome.LOST
                 if ranks is not None:
-                    up = self._ranks_up(incident.job_id, now)
+                    up = self._reads.ranks_up(incident.job_id, now)
                     removed = self._removed_ranks(incident)
                     if up < ranks - removed:
                         outcome = IncidentOutcome.WORSE
@@ -397,6 +334,29 @@ class Verifier(BackgroundThread):
             except QueryError as exc:
                 note += f"; could not judge the job's state (Prometheus: {exc})"
         self._close(incident, now, outcome, job, note, changes, False, verdicts)
+
+    def _close_ended(
+        self, incident: OpenIncident, now: float, ending: Ending, changes: dict[str, Any]
+    ) -> None:
+        """The job ended normally: closed with the job's outcome, never escalated; whatever its
+        rungs still had queued is cancelled."""
+        recovered = ending.outcome is IncidentOutcome.RECOVERED
+        verdicts = (
+            None
+            if recovered
+            else {a.id: "the job ended" for a in incident.actions if a.rung == incident.rung}
+        )
+        self._close(
+            incident,
+            now,
+            ending.outcome,
+            JobOutcome.FINISHED,
+            ending.note,
+            changes,
+            recovered,
+            verdicts,
+            cancel="the job ended normally before it ran",
+        )
 
     def _close(
         self,
@@ -408,7 +368,10 @@ class Verifier(BackgroundThread):
         changes: dict[str, Any],
         recovered: bool,
         verdicts: Mapping[int, str] | None = None,
+        cancel: str | None = None,
     ) -> None:
+        """Close the incident; ``cancel``: the reason its actions not yet carried out are
+        cancelled with (none are otherwise: a resolving alert cancels its own)."""
         if recovered:
             verdicts = {a.id: "recovered" for a in incident.actions if a.rung == incident.rung}
         values = {
@@ -426,6 +389,8 @@ class Verifier(BackgroundThread):
             if not incidents.update(conn, incident.id, incident.rung, **values):
                 return False
             incidents.set_verdicts(conn, verdicts or {})
+            if cancel is not None:
+                decisions.cancel_pending_of_incident(conn, incident.id, cancel)
             return True
 
         if not self._store.write_sync(unit):
@@ -478,19 +443,15 @@ class Verifier(BackgroundThread):
     @staticmethod
     def _acted(incident: OpenIncident) -> tuple[float, Action] | None:
         """When the first repair was carried out, and which."""
-        return min(_repairs_done(incident), key=lambda found: found[0], default=None)
-
-    @staticmethod
-    def _last_repair(incident: OpenIncident) -> float | None:
-        """When the latest repair was carried out."""
-        return max((at for at, _ in _repairs_done(incident)), default=None)
+        return min(repairs_done(incident), key=lambda found: found[0], default=None)
 
     def _read_baseline(
-        self, incident: OpenIncident, baseline: _Baseline, now: float
+        self, incident: OpenIncident, baseline: Baseline, now: float
     ) -> dict[str, Any]:
+        assert self._reads is not None
         if incident.job_id is not None:
-            baseline.step = self._job_step(incident.job_id, incident.detected_at)
-            baseline.ranks_up = self._ranks_up(incident.job_id, incident.detected_at)
+            baseline.step = self._reads.step(incident.job_id, incident.detected_at)
+            baseline.ranks_up = self._reads.ranks_up(incident.job_id, incident.detected_at)
         baseline.at = now
         opener = incident.alerts[0]
         identity = {
@@ -498,11 +459,8 @@ class Verifier(BackgroundThread):
             for name in (*contract.RANK_IDENTITY_LABELS, contract.LABEL_GPU)
             if opener.labels.get(name)
         }
-        assert self._query is not None
-        active = self._query(
-            selector("ALERTS_FOR_STATE", alertname=opener.name, **identity), incident.received_at
-        )
-        first = min((s.value for s in active), default=incident.detected_at)
+        pending = self._reads.pending_since(opener.name, identity, incident.received_at)
+        first = incident.detected_at if pending is None else pending
         return {
             "baseline_step": baseline.step,
             "baseline_ranks_up": baseline.ranks_up,
@@ -510,84 +468,20 @@ class Verifier(BackgroundThread):
             "first_evidence_at": min(first, incident.detected_at),
         }
 
-    def _recovered(
-        self, incident: OpenIncident, baseline: _Baseline, now: float
-    ) -> tuple[bool, str]:
-        firing = [a for a in incident.alerts if a.status is AlertStatus.FIRING]
-        if firing and self._query is not None:
-            # Alertmanager tells of a resolution late (group_interval) or, if it lost it, never.
-            firing = [a for a in firing if self._query(self._alerts_expr(a), now)]
-        if firing:
-            return False, f"{', '.join(sorted({a.name for a in firing}))} still firing"
-        if incident.job_id is None or self._query is None:
-            return True, "its alerts resolved"
-        if baseline.at is None:
-            return False, "its alerts resolved; the job's progress is not known yet"
-        if baseline.step is None:
-            return True, (
-                "its alerts resolved; the job reported no trainguard_step at detection, so its "
-                "progress was not checked"
-            )
-        target = baseline.step
-        repaired = self._last_repair(incident)
-        if repaired is not None:
-            # A job that kept stepping through the incident (a straggler) passed the step of
-            # its detection long before the repair took: the repair must be followed by
-            # progress past the step reached when it was carried out (a restart resumes from
-            # an earlier checkpoint and has to catch up first).
-            target = max(target, self._job_step(incident.job_id, repaired) or target)
-        step = self._job_step(incident.job_id, now)
-        if step is None or step <= target:
-            at = "no step reported" if step is None else f"at step {step}"
-            return False, (
-                f"its alerts resolved but job {incident.job_id} has not passed step {target} ({at})"
-            )
-        passed = f"its alerts resolved and job {incident.job_id} passed step {target} (now {step})"
-        if repaired is not None:
-            # An executor returns before the repair has taken: ranks stopped by an exclusion
-            # or a restart finish a step or two first, past the step read when it returned.
-            # Recovered is training that goes on for a while after the repair.
-            window = self._deadlines.progress
-            if now < repaired + window:
-                return False, f"{passed}; watching it keep training until {_iso(repaired + window)}"
-            earlier = self._job_step(incident.job_id, now - window)
-            if earlier is None or step <= earlier:
-                return False, f"{passed}, but made no progress in the last {window:g}s"
-        return True, passed
-
-    @staticmethod
-    def _alerts_expr(alert: incidents.AlertFacts) -> str:
-        job_id = alert.labels.get(contract.LABEL_JOB_ID)
-        scope = (
-            {contract.LABEL_JOB_ID: job_id}
-            if job_id
-            else {contract.LABEL_NODE: alert.labels.get(contract.LABEL_NODE, "")}
-        )
-        return selector("ALERTS", alertname=alert.name, alertstate="firing", **scope)
-
-    def _job_step(self, job_id: str, at: float) -> int | None:
-        assert self._query is not None
-        found = self._query(
-            f"max({selector(contract.TRAINING_STEP.name, **{contract.LABEL_JOB_ID: job_id})})",
-            at,
-        )
-        return int(found[0].value) if found else None
-
-    def _ranks_up(self, job_id: str, at: float, node: str | None = None) -> int:
-        assert self._query is not None
-        labels = {"job": contract.SCRAPE_JOB_RANKS, contract.LABEL_JOB_ID: job_id}
-        if node is not None:
-            labels[contract.LABEL_NODE] = node
-        found = self._query(f"count({selector('up', **labels)} == 1)", at)
-        return int(found[0].value) if found else 0
-
-    def _removed_ranks(self, incident: OpenIncident) -> int:
-        """Ranks of the job on nodes removed on purpose since the failure was detected, as many
-        as each such node had up then."""
+    def _removed_nodes(self, incident: OpenIncident) -> set[str]:
+        """The job's nodes removed on purpose since the failure was detected."""
         assert incident.job_id is not None
         job_id = incident.job_id
         removals = self._store.read(
             lambda conn: incidents.removals_since(conn, job_id, incident.detected_at)
         )
-        nodes = {node for _, node in removals}
-        return sum(self._ranks_up(job_id, incident.detected_at, node) for node in nodes)
+        return {node for _, node in removals}
+
+    def _removed_ranks(self, incident: OpenIncident) -> int:
+        """Ranks of the job on nodes removed on purpose since the failure was detected, as many
+        as each such node had up then."""
+        assert incident.job_id is not None and self._reads is not None
+        return sum(
+            self._reads.ranks_up(incident.job_id, incident.detected_at, node)
+            for node in self._removed_nodes(incident)
+        )
