@@ -7,15 +7,19 @@ arithmetic would time the scheduler rather than the rank.
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import generate_latest
@@ -79,8 +83,12 @@ def publish_last_timers(model: nn.Module, rank: int) -> None:
 
 
 def span_rows(exporter: InMemorySpanExporter) -> list[dict[str, Any]]:
+    return rows_of(exporter.get_finished_spans())
+
+
+def rows_of(spans: Sequence[ReadableSpan]) -> list[dict[str, Any]]:
     rows = []
-    for span in exporter.get_finished_spans():
+    for span in spans:
         ctx = span.get_span_context()
         assert ctx is not None
         rows.append(
@@ -90,6 +98,7 @@ def span_rows(exporter: InMemorySpanExporter) -> list[dict[str, Any]]:
                 "span_id": f"{ctx.span_id:016x}",
                 "parent_id": f"{span.parent.span_id:016x}" if span.parent else None,
                 "attributes": dict(span.attributes or {}),
+                "status": span.status.status_code.name,
             }
         )
     return rows
@@ -135,6 +144,59 @@ def spans_and_metrics(
     handle.uninstrument()
     result["spans"] = span_rows(exporter)
     return result
+
+
+def ddp_defaults_spans(rank: int, world: int, out: Path, steps: int) -> dict[str, Any]:
+    """DDP at the hook's defaults, ``steps`` steps, then ``flush()`` alone: the spans exported
+    by then, and after ``uninstrument()``."""
+    model = make_ddp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    exporter = InMemorySpanExporter()
+    registry = CollectorRegistry()
+    handle = trainguard.instrument(
+        model,
+        optimizer,
+        job_id="job-flush",
+        registry=registry,
+        span_exporter=exporter,
+        metrics_port=-1,
+    )
+    train(model, optimizer, steps, rank)
+    handle.force_flush_spans()
+    at_flush = span_rows(exporter)
+    labels = labels_of(handle)
+    grad_sync_count = value(registry, "trainguard_grad_sync_duration_seconds_count", labels)
+    handle.uninstrument()
+    return {
+        "at_flush": at_flush,
+        "after_uninstrument": span_rows(exporter),
+        "grad_sync_count": grad_sync_count,
+    }
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends each exported span's row to a file: what a process exported outlives it."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        with self._path.open("a") as file:
+            for row in rows_of(spans):
+                file.write(json.dumps(row) + "\n")
+        return SpanExportResult.SUCCESS
+
+
+def exit_without_flush(rank: int, world: int, out: Path, steps: int) -> dict[str, Any]:
+    """Train and return at once: no flush, no uninstrument (the process then exits)."""
+    model = make_ddp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    exporter = JsonLinesSpanExporter(out / f"spans-rank{rank}.jsonl")
+    trainguard.instrument(
+        model, optimizer, job_id="job-exit", span_exporter=exporter, metrics_port=-1
+    )
+    train(model, optimizer, steps, rank)
+    return {}
 
 
 def sampled_timers(rank: int, world: int, out: Path, steps: int, every: int) -> dict[str, Any]:
@@ -269,18 +331,21 @@ class _EventList(logging.Handler):
 
 
 def hang(rank: int, world: int, out: Path, sleeper: int, sleep_s: float) -> dict[str, Any]:
-    """``sleeper`` sleeps inside step 4's forward; the others wait in the gradient sync."""
+    """``sleeper`` sleeps inside step 4's forward; the others wait in the gradient sync. What
+    the span exporter held when the first stall span reached it is kept (``at_stall``)."""
     events = _EventList()
     logging.getLogger(EVENTS_LOGGER).addHandler(events)
     logging.getLogger(EVENTS_LOGGER).setLevel(logging.INFO)
     model = make_ddp(delay=0.01)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     registry = CollectorRegistry()
+    exporter = InMemorySpanExporter()
     handle = trainguard.instrument(
         model,
         optimizer,
         job_id="job-hang",
         registry=registry,
+        span_exporter=exporter,
         metrics_port=-1,
         dump_dir=out / "dumps",
         stall_floor_seconds=1.5,
@@ -289,11 +354,16 @@ def hang(rank: int, world: int, out: Path, sleeper: int, sleep_s: float) -> dict
     )
     labels = labels_of(handle)
     ages: list[float] = []
+    at_stall: list[dict[str, Any]] = []
     done = threading.Event()
 
     def watch() -> None:
         while not done.wait(0.1):
             ages.append(value(registry, "trainguard_collective_oldest_inflight_seconds", labels))
+            if not at_stall:
+                rows = span_rows(exporter)
+                if any(row["name"] == contract.SPAN_STALL for row in rows):
+                    at_stall.extend(rows)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -313,6 +383,8 @@ def hang(rank: int, world: int, out: Path, sleeper: int, sleep_s: float) -> dict
         "stalls": stalls,
         "events": [e for e in events.events if e["action"] == "collective_stalled"],
         "dumps": dumps,
+        "at_stall": at_stall,
+        "spans": span_rows(exporter),
     }
 
 

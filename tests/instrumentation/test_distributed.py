@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections import Counter
@@ -92,6 +93,60 @@ def test_exemplar_trace_ids_are_those_of_exported_spans(tmp_path: Path) -> None:
         assert set(exemplars) <= exported
 
 
+def _timing(span: dict[str, Any]) -> str:
+    return str(span["attributes"][contract.ATTR_GRAD_SYNC_TIMING])
+
+
+def test_flush_exports_every_step_and_one_sync_span_per_step_at_the_defaults(
+    tmp_path: Path,
+) -> None:
+    # DDP times iterations 1-10 and every 8th after (runtime_stats_every's default); step s is
+    # its iteration s + 1. Its timers reach the hook at the next step's forward, so the last
+    # steps are still awaited when flush() is called: they leave all the same, marked unread.
+    steps = 30
+    timed = {s for s in range(steps) if s + 1 <= 10 or (s + 1) % 8 == 0}
+    for rank, result in enumerate(
+        run_ranks(scenarios.ddp_defaults_spans, 2, tmp_path, steps=steps)
+    ):
+        spans = result["at_flush"]
+        for name in (contract.SPAN_RANK_STEP, contract.SPAN_FORWARD, contract.SPAN_BACKWARD):
+            exported = Counter(s["attributes"][contract.ATTR_STEP] for s in _by_name(spans, name))
+            assert exported == {step: 1 for step in range(steps)}, (rank, name)
+        syncs = {
+            s["attributes"][contract.ATTR_STEP]: s for s in _by_name(spans, contract.SPAN_GRAD_SYNC)
+        }
+        assert len(_by_name(spans, contract.SPAN_GRAD_SYNC)) == len(syncs) == steps, rank
+        reducer = {step for step, s in syncs.items() if _timing(s) == "ddp_reducer"}
+        unread = {step for step, s in syncs.items() if _timing(s) == "unread"}
+        untimed = {step for step, s in syncs.items() if _timing(s) == "untimed"}
+        assert unread and max(syncs) in unread and unread <= set(range(steps - 4, steps))
+        assert reducer == timed - unread, rank
+        assert untimed == set(range(steps)) - timed - unread, rank
+        assert result["grad_sync_count"] == len(timed - unread)
+        # Every sync span hangs under its step's rank span and carries the sync's size.
+        by_id = {s["span_id"]: s for s in spans}
+        for step, sync in syncs.items():
+            parent = by_id[sync["parent_id"]]
+            assert parent["name"] == contract.SPAN_RANK_STEP
+            assert parent["attributes"][contract.ATTR_STEP] == step
+            assert sync["attributes"][contract.ATTR_COLLECTIVE_BYTES] > 0
+        # uninstrument() sends nothing twice.
+        after = result["after_uninstrument"]
+        assert len(_by_name(after, contract.SPAN_GRAD_SYNC)) == steps
+        assert len(_by_name(after, contract.SPAN_RANK_STEP)) == steps
+
+
+def test_a_process_that_exits_without_flushing_exports_every_step(tmp_path: Path) -> None:
+    steps = 30
+    run_ranks(scenarios.exit_without_flush, 2, tmp_path, steps=steps)
+    for rank in range(2):
+        lines = (tmp_path / f"spans-rank{rank}.jsonl").read_text().splitlines()
+        spans = [json.loads(line) for line in lines]
+        for name in (contract.SPAN_RANK_STEP, contract.SPAN_GRAD_SYNC):
+            exported = Counter(s["attributes"][contract.ATTR_STEP] for s in _by_name(spans, name))
+            assert exported == {step: 1 for step in range(steps)}, (rank, name)
+
+
 @pytest.mark.parametrize("guarded", [False, True], ids=["plain-loop", "guarded-step"])
 def test_straggler_is_found_by_compute_time_not_step_time(tmp_path: Path, guarded: bool) -> None:
     steps, slow = 12, 2
@@ -140,6 +195,26 @@ def test_a_sleeping_rank_is_caught_as_a_stall_and_named_by_the_dumps(
     assert sorted(p.name for p in folder.glob(f"{contract.FLIGHT_RECORDER_DUMP_PREFIX}*")) == [
         f"{contract.FLIGHT_RECORDER_DUMP_PREFIX}{r}" for r in range(3)
     ]
+    # Every rank's spans left when it dumped, the stalled step's too, before the step ended.
+    for rank, result in enumerate(results):
+        at_stall = result["at_stall"]
+        (stall,) = _by_name(at_stall, contract.SPAN_STALL)
+        assert stall["attributes"][contract.ATTR_STEP] == 4 and stall["status"] == "ERROR"
+        done = Counter(
+            s["attributes"][contract.ATTR_STEP] for s in _by_name(at_stall, contract.SPAN_RANK_STEP)
+        )
+        assert done == {step: 1 for step in range(4)}, rank
+        synced = Counter(
+            s["attributes"][contract.ATTR_STEP] for s in _by_name(at_stall, contract.SPAN_GRAD_SYNC)
+        )
+        assert synced == {step: 1 for step in range(4)}, rank
+        # Once the step ended, its own span is the stall span's parent.
+        by_id = {s["span_id"]: s for s in result["spans"]}
+        parent = by_id[stall["parent_id"]]
+        assert parent["name"] == contract.SPAN_RANK_STEP
+        assert parent["attributes"][contract.ATTR_STEP] == 4
+        if rank == sleeper:  # it dumped on a peer's report, with nothing of its own in flight
+            assert stall["attributes"][contract.ATTR_COLLECTIVE_OP] == "reported by a peer"
     stacks = (folder / f"{contract.STACKS_DUMP_PREFIX}{sleeper}.txt").read_text()
     assert "time.sleep" in stacks or "sleep(" in stacks
     capfd.readouterr()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 # --- spans ----------------------------------------------------------------------------------
 INSTRUMENTATION_SCOPE = "trainguard.instrumentation"
 SPAN_STEP = "trainguard.step"  # the step's root, emitted by rank 0
@@ -17,6 +19,10 @@ SPAN_PARAM_GATHER_UNIT = "trainguard.param_gather.unit"  # one all-gather, in bu
 # the loop's own): one span per process group and operation per step, one per collective in
 # bucket mode.
 SPAN_COLLECTIVE = "trainguard.collective"
+# A step the watchdog found stalled: from the step's start to the stall's report, exported when
+# the watchdog dumps (the step may never end), status ERROR, in the step's trace under the
+# rank's span id for it.
+SPAN_STALL = "trainguard.stall"
 
 ATTR_JOB_ID = "trainguard.job_id"
 ATTR_RANK = "trainguard.rank"
@@ -31,5 +37,24 @@ ATTR_PROCESS_GROUP = "trainguard.process_group"  # bounded name (see instrumenta
 ATTR_COLLECTIVE_OP = "trainguard.collective.op"
 ATTR_COLLECTIVE_COUNT = "trainguard.collective.count"
 ATTR_COLLECTIVE_BYTES = "trainguard.collective.bytes"
+ATTR_GRAD_SYNC_TIMING = "trainguard.grad_sync.timing"  # a SyncTiming: where its bounds come from
+ATTR_COLLECTIVE_SEQ = "trainguard.collective.seq"  # the stalled collective's sequence number
+ATTR_STALL_AGE = "trainguard.stall.age_seconds"
+ATTR_DUMP_DIR = "trainguard.dump_dir"
+
+
+class SyncTiming(str, enum.Enum):
+    """Where a ``trainguard.grad_sync`` span's start and end come from."""
+
+    DDP_REDUCER = "ddp_reducer"  # DDP's reducer timers: the sync itself
+    COMM_HOOK = "comm_hook"  # the per-bucket comm hook (per_bucket mode)
+    TIMELINE = "timeline"  # the collective timeline (FSDP's reduce-scatters)
+    # DDP synced, untimed: an iteration its sampling skipped (runtime_stats_every), or timers
+    # this torch lacks. The span covers the backward pass, which the sync overlaps.
+    UNTIMED = "untimed"
+    # DDP's timers for the step were not yet read when its spans had to leave (flush,
+    # uninstrument, exit, a stall): the backward pass's bounds too.
+    UNREAD = "unread"
+
 
 EXEMPLAR_TRACE_ID = "trace_id"

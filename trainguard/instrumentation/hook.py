@@ -12,6 +12,7 @@ undone by :meth:`Instrumentation.uninstrument`, and nothing inside may crash or 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -52,13 +53,13 @@ from trainguard.instrumentation.reducer import (
 )
 from trainguard.instrumentation.server import (
     MetricsEndpoint,
-    advertised_host,
+    scrape_target,
     serve_metrics,
     write_file_sd,
 )
 from trainguard.instrumentation.steps import StepRecorder
 from trainguard.instrumentation.timeline import INTERCEPTOR, Timeline
-from trainguard.instrumentation.watchdog import CollectiveWatchdog, StepClock
+from trainguard.instrumentation.watchdog import CollectiveWatchdog, StallReport, StepClock
 from trainguard.instrumentation.worker import StepWorker
 
 logger = logging.getLogger("trainguard.instrumentation")
@@ -69,6 +70,10 @@ T = TypeVar("T")
 DDP_DEFAULT_SAMPLE_RATE = 100
 _ATTACHED = "_trainguard_instrumentation"
 _BUCKET_TIMER = "_trainguard_bucket_timer"
+# How long the watchdog's thread waits for a stalled step's spans to leave, and the exit for the
+# last steps' (the batch exporter's own timeout applies within it).
+STALL_EXPORT_SECONDS = 2.0
+EXIT_EXPORT_SECONDS = 5.0
 
 
 class Instrumentation:
@@ -238,6 +243,7 @@ class Instrumentation:
                 return
             self._active = False
         self.steps.active = False
+        atexit.unregister(self._export_at_exit)
         self.steps.unwrap(self.model, self.optimizer)
         if self.steps.timeline is not None:
             INTERCEPTOR.detach(self.steps.timeline)
@@ -397,9 +403,13 @@ class Instrumentation:
                 stall_factor=cfg.stall_factor,
                 interval_seconds=cfg.watchdog_interval_seconds,
                 store=default_store(),
+                on_stall=self._export_stall,
             )
             self._watchdog.start()
         self.steps.wrap(self.model, self.optimizer)
+        # After the tracer provider is built: exit handlers run last-registered first, so this
+        # one hands the spans over before the provider's own shuts it down.
+        atexit.register(self._export_at_exit)
         correlation.publish(self._log_trace_ids_ref)
         self._active = self.steps.active = True
         self._serve()
@@ -445,6 +455,27 @@ class Instrumentation:
         self.metrics.elastic_restarts.set(int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0))
         self.metrics.training_step.set(self.clock.step)
 
+    def _export_stall(self, report: StallReport) -> None:
+        """The watchdog dumped a stalled step (its thread): the spans of the steps before it
+        and of the stalled step leave now, not at a flush that may never come (a hung job is
+        killed)."""
+        worker, provider = self._worker, self._tracer_provider
+        if worker is None or provider is None:
+            return
+        worker.submit_stall(report)
+        worker.flush(STALL_EXPORT_SECONDS)
+        provider.force_flush(int(STALL_EXPORT_SECONDS * 1000))
+
+    def _export_at_exit(self) -> None:
+        """The interpreter exits without ``uninstrument()``: every step that ran leaves (its
+        metrics, its spans), within :data:`EXIT_EXPORT_SECONDS`. The targets stay registered:
+        a process that exits this way may have crashed, and Prometheus must see it down."""
+        with self.errors.guard("exit"):
+            if self._worker is not None:
+                self._worker.stop(timeout=EXIT_EXPORT_SECONDS)
+            if self._tracer_provider is not None:
+                self._tracer_provider.force_flush(int(EXIT_EXPORT_SECONDS * 1000))
+
     def _on_timers_lost(self) -> None:
         """DDP's timers were given up on (worker thread): stop reading them, say so in
         ``rank_info``."""
@@ -482,10 +513,7 @@ class Instrumentation:
         if self._endpoint is None:
             return
         # One target and one set of labels for every way of announcing it.
-        host = advertised_host(addr)
-        target = (
-            f"[{host}]:{self._endpoint.port}" if ":" in host else f"{host}:{self._endpoint.port}"
-        )
+        target = scrape_target(addr, self._endpoint.port)
         labels = self.identity.labels()
         sd_dir = self.config.resolved_file_sd_dir()
         if sd_dir is not None:

@@ -54,6 +54,10 @@ class StepRecord:
     # DDP's logging data as read right after this step's forward that published a sampled
     # iteration's timers (the previous step's, usually), or None (see .reducer.TimerReads).
     reducer_data: RawLoggingData = None
+    # On DDP, the step's spans leave before its timers are read: whether they have, and
+    # whether its gradient sync's span has too (the worker's own bookkeeping).
+    spans_sent: bool = False
+    sync_sent: bool = False
 
     @classmethod
     def from_raw(cls, raw: RawStep) -> StepRecord:

@@ -62,11 +62,11 @@ def serve_metrics(registry: CollectorRegistry, addr: str, base_port: int) -> Met
     raise last_error
 
 
-def advertised_host(addr: str) -> str:
-    """The host name Prometheus should scrape: the bound address unless it is a wildcard."""
-    if addr in ("", "0.0.0.0", "::"):
-        return socket.gethostname()
-    return addr
+def scrape_target(addr: str, port: int) -> str:
+    """``host:port`` Prometheus should scrape: the bound address unless it is a wildcard (then
+    the host's name), an IPv6 address in brackets."""
+    host = socket.gethostname() if addr in ("", "0.0.0.0", "::") else addr
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def write_file_sd(directory: Path, name: str, target: str, labels: dict[str, str]) -> Path:

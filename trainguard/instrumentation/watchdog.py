@@ -10,7 +10,8 @@ it adapts to the job — it logs one ``collective_stalled`` event per stalled st
 this rank's Flight Recorder trace and every thread's stack, and raises a flag in the job's
 c10d store so that every other rank, including the one that never joined, dumps too. The
 folder then holds one dump per rank, which torch's analyzer turns into "rank N never joined
-collective S".
+collective S". Each rank that dumps also hands its stalled step to ``on_stall`` (the hook exports
+its spans then: the step may never end, and the job may soon be killed).
 """
 
 from __future__ import annotations
@@ -38,6 +39,22 @@ STORE_KEY_PREFIX = "trainguard/stall/"
 SUSPICION_FACTOR = 2.0
 MIN_SUSPICION_SECONDS = 0.5
 RECENT_STEPS = 32
+# What a rank that dumps on another's report says of the collective (it may have none pending).
+PEER_REPORTED = "reported by a peer"
+
+
+@dataclass(frozen=True)
+class StallReport:
+    """A step the watchdog found stalled, as it reported it (``perf_counter_ns`` times)."""
+
+    step: int
+    started_ns: int
+    reported_ns: int
+    collective: str
+    seq: int | None
+    process_group: str
+    age_seconds: float
+    dump_dir: str
 
 
 @dataclass
@@ -70,6 +87,7 @@ class CollectiveWatchdog(BackgroundThread):
         interval_seconds: float,
         store: Any | None,
         read_state: Callable[[], dict[str, Any]] = flight_recorder.read_state,
+        on_stall: Callable[[StallReport], None] | None = None,
     ) -> None:
         super().__init__("trainguard-watchdog")
         self._identity = identity
@@ -82,6 +100,7 @@ class CollectiveWatchdog(BackgroundThread):
         self._interval = interval_seconds
         self._store = store
         self._read_state = read_state
+        self._on_stall_report = on_stall
         self._reported: set[str] = set()  # stall ids this rank has already handled
         self._stalled_step: int | None = None  # the step of this rank's last reported stall
         self._timed_out: set[int] = set()
@@ -174,6 +193,31 @@ class CollectiveWatchdog(BackgroundThread):
         if self._store is not None:
             with self._errors.guard("watchdog_store"):
                 self._store.set(self.store_key, stall_id)
+        self._report(
+            pending.oldest_name or "unknown",
+            pending.oldest_seq,
+            pending.oldest_group or "",
+            pending.oldest_age_seconds,
+            folder,
+        )
+
+    def _report(
+        self, collective: str, seq: int | None, group: str, age: float, folder: Path
+    ) -> None:
+        if self._on_stall_report is None:
+            return
+        report = StallReport(
+            step=self._clock.step,
+            started_ns=self._clock.started_ns,
+            reported_ns=time.perf_counter_ns(),
+            collective=collective,
+            seq=seq,
+            process_group=group,
+            age_seconds=age,
+            dump_dir=str(folder),
+        )
+        with self._errors.guard("stall_spans"):
+            self._on_stall_report(report)
 
     def _answer_peers(self) -> None:
         """Dump when another rank flagged a stall (the rank that never joined must dump too)."""
@@ -191,6 +235,9 @@ class CollectiveWatchdog(BackgroundThread):
                     self._identity.rank,
                     folder,
                 )
+                started = self._clock.started_ns
+                age = (time.perf_counter_ns() - started) / 1e9 if started else 0.0
+                self._report(PEER_REPORTED, None, "", age, folder)
 
     def _dump(self, stall_id: str) -> Path:
         self._reported.add(stall_id)

@@ -20,6 +20,12 @@ them right after each forward that publishes (:class:`.reducer.TimerReads`; one 
 converted and parsed, and the timers matched to their step by timestamp. A step whose timers
 never appear (not sampled) is finished without them once a later step's timers match or
 :data:`MAX_AWAITING` newer steps have arrived: its compute and sync wait are not observed.
+
+Spans never wait for those timers: a DDP step's spans leave as soon as the step is processed,
+and its gradient sync's span follows when the step is finished (DDP's timing, or the backward
+pass it overlapped, marked ``untimed``). Whatever is still awaited when spans must leave at once
+(:meth:`StepWorker.flush`, :meth:`StepWorker.stop`, a stall the watchdog reports) leaves then,
+marked ``unread``: every step that ran is exported, with the timing known at that moment.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from trainguard.instrumentation.metrics import RankMetrics
 from trainguard.instrumentation.records import BucketTiming, RawStep, StepRecord
 from trainguard.instrumentation.reducer import RawLoggingData, ReducerStats, parse_logging_data
 from trainguard.instrumentation.step_spans import StepSpans, by_role
+from trainguard.instrumentation.watchdog import StallReport
 
 logger = logging.getLogger("trainguard.instrumentation")
 
@@ -63,6 +70,21 @@ class _Timers:
 
     def __init__(self, data: RawLoggingData) -> None:
         self.data = data
+
+
+class _Flush:
+    """Send every awaited step's sync span now (:meth:`StepWorker.flush`)."""
+
+    __slots__ = ()
+
+
+class _Stall:
+    """The watchdog reported the step in progress stalled (:meth:`StepWorker.submit_stall`)."""
+
+    __slots__ = ("report",)
+
+    def __init__(self, report: StallReport) -> None:
+        self.report = report
 
 
 class ReducerTimersLostError(RuntimeError):
@@ -101,6 +123,8 @@ class StepWorker(BackgroundThread):
         self._errors = errors
         self._memory = memory
         self._ddp_timers = ddp_timers  # records carry DDP's reducer timers
+        # A DDP model: its gradient sync, which the timeline cannot see, gets a span each step.
+        self._ddp = ddp_timers
         self._backend = backend
         self._on_allocator_oom = on_allocator_oom
         # None: no timeline (a single process), compute time is wall clock.
@@ -141,7 +165,9 @@ class StepWorker(BackgroundThread):
                 self._last_ooms = baseline.ooms
         self.buckets_synced = 0  # fallback collective count when the Flight Recorder is absent
         # The training thread appends (atomic under the GIL) and never waits or wakes anyone.
-        self._inbox: collections.deque[RawStep | StepRecord | _Timers] = collections.deque()
+        self._inbox: collections.deque[RawStep | StepRecord | _Timers | _Flush | _Stall] = (
+            collections.deque()
+        )
         self._interval = WAKE_SECONDS
         # Plain counters, not an Event: the training thread's submit must not take a lock.
         self._submitted = 0
@@ -157,17 +183,26 @@ class StepWorker(BackgroundThread):
         self._submitted += 1
         self._inbox.append(_Timers(data))
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Finish every queued step, then stop (within 30 s whatever ``timeout`` says: the
-        steps must reach the metrics)."""
-        super().stop(timeout=30)
+    def submit_stall(self, report: StallReport) -> None:
+        """The watchdog's report of a stalled step (its thread): the spans of the steps still
+        awaited and of the stalled one leave at the worker's next wake (:meth:`wake` it)."""
+        self._submitted += 1
+        self._inbox.append(_Stall(report))
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Finish every queued step, then stop (waiting ``timeout`` seconds at most for the
+        thread; the steps it left are finished here, their sync spans ``unread``)."""
+        super().stop(timeout=timeout)
         for record in sorted(self._awaiting.values(), key=lambda r: r.step):
             with self._errors.guard("worker"):
-                self._finish(record, None)
+                self._finish(record, None, contract.SyncTiming.UNREAD)
         self._awaiting.clear()
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until everything submitted so far has been processed (tests, shutdown)."""
+        """Wait until everything submitted so far has been processed, every step's spans
+        handed to the tracer provider included (tests, shutdown, a stall)."""
+        self._submitted += 1
+        self._inbox.append(_Flush())
         target = self._submitted
         deadline = time.monotonic() + timeout
         self.wake()
@@ -201,6 +236,13 @@ class StepWorker(BackgroundThread):
                     self._process(StepRecord.from_raw(item))
                 elif isinstance(item, StepRecord):
                     self._process(item)
+                elif isinstance(item, _Flush):
+                    self._send_awaited_syncs()
+                elif isinstance(item, _Stall):
+                    self._send_awaited_syncs()
+                    if self._spans is not None:
+                        with self._errors.guard("spans"):
+                            self._spans.emit_stall(item.report)
                 elif self._ddp_timers:
                     self._take_timers(item.data)
             processed += 1
@@ -230,6 +272,11 @@ class StepWorker(BackgroundThread):
         if not self._ddp_timers:
             self._finish_without_reducer(record)
             return
+        if self._spans is not None:
+            # The step's spans leave now; its sync's follows once its timers are known.
+            with self._errors.guard("spans"):
+                record.sync_sent = self._spans.emit(record, None, untimed=None)
+                record.spans_sent = True
         self._awaiting[record.step] = record
         with self._errors.guard("reducer_stats"):
             if self._unmatched is not None:
@@ -410,7 +457,27 @@ class StepWorker(BackgroundThread):
             self._metrics.sync_wait_duration.observe(_seconds(wait))
         self._finish(record, None)
 
-    def _finish(self, record: StepRecord, stats: ReducerStats | None) -> None:
+    def _send_awaited_syncs(self) -> None:
+        """The sync spans of the steps still awaiting DDP's timers, now, marked ``unread``
+        (their metrics still wait for the timers)."""
+        if self._spans is None:
+            return
+        for record in sorted(self._awaiting.values(), key=lambda r: r.step):
+            if record.spans_sent and not record.sync_sent:
+                with self._errors.guard("spans"):
+                    self._spans.emit_sync(
+                        record, None, self._sync_bytes, contract.SyncTiming.UNREAD
+                    )
+                    record.sync_sent = True
+
+    def _finish(
+        self,
+        record: StepRecord,
+        stats: ReducerStats | None,
+        untimed: contract.SyncTiming = contract.SyncTiming.UNTIMED,
+    ) -> None:
+        """Observe the step's compute and sync and send what is left of its spans; ``untimed``:
+        what a DDP sync without ``stats`` is marked."""
         m = self._metrics
         if stats is not None:
             compute, wait = self._split(record, stats.sync_wait_ns)
@@ -427,9 +494,15 @@ class StepWorker(BackgroundThread):
             # change only when DDP rebuilds them, so the last timed step's are counted.
             m.grad_sync_bytes.inc(self._sync_bytes[0])
             self.buckets_synced += self._sync_bytes[1]
-        if self._spans is not None:
-            with self._errors.guard("spans"):
-                self._spans.emit(record, stats)
+        if self._spans is None:
+            return
+        ddp_sync = self._sync_bytes if self._ddp else None
+        with self._errors.guard("spans"):
+            if not record.spans_sent:
+                self._spans.emit(record, stats, ddp_sync=ddp_sync, untimed=untimed)
+            elif not record.sync_sent:
+                self._spans.emit_sync(record, stats, ddp_sync, untimed)
+            record.spans_sent = record.sync_sent = True
 
     def trace_id_hex(self, step: int) -> str:
         return tracing.format_trace_id(tracing.trace_id_for(self._identity.job_id, step))
