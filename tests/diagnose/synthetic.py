@@ -89,8 +89,15 @@ class Job:
     phases: Phases = lambda rank, i: dict(BASE)
     # Last point at which a rank still reports (the process died after it).
     alive_until: Callable[[Rank], int] = lambda rank: POINTS
-    # Progress stops for everyone from this point on (a hang).
+    # Progress stops for everyone from this point on (a hang), until ``hang_until`` if given
+    # (the group restarted).
     hang_from: int | None = None
+    hang_until: int | None = None
+    # Points at which a rank does not report (its process is gone until a restart).
+    absent: Callable[[Rank, int], bool] = lambda rank, i: False
+    # A rank's oldest in-flight collective at a point, over what the hang says (None: as it
+    # says): a restarted rank waiting for its peers to start, say.
+    inflight: Callable[[Rank, int], float | None] = lambda rank, i: None
     # Collectives a rank launches fewer than the others once hung (the laggard).
     laggard: int | None = None
     grad_sync_tail: bool = False
@@ -138,13 +145,13 @@ def simulate(job: Job, s: Samples, t0: float) -> None:
     sync_buckets: dict[int, dict[float, float]] = defaultdict(lambda: defaultdict(float))
     for i in range(POINTS):
         t = t0 + i * INTERVAL
-        alive = [r for r in job.ranks if i <= job.alive_until(r)]
+        alive = [r for r in job.ranks if i <= job.alive_until(r) and not job.absent(r, i)]
         if not alive:
             break
         phases = {r.rank: job.phases(r, i) for r in alive}
         compute = {r: p["data"] + p["forward"] + p["backward"] for r, p in phases.items()}
         step = max(compute.values()) + SYNC + max(p["optimizer"] for p in phases.values())
-        hung = job.hang_from is not None and i >= job.hang_from
+        hung = job.hang_from is not None and job.hang_from <= i < (job.hang_until or POINTS)
         steps = 0.0 if hung else INTERVAL / step
         for r in alive:
             labels = r.labels(job.job_id)
@@ -186,6 +193,8 @@ def simulate(job: Job, s: Samples, t0: float) -> None:
             age = (i - job.hang_from) * INTERVAL if hung and job.hang_from is not None else 0.0
             if key == job.laggard:
                 age = 0.0
+            override = job.inflight(r, i)
+            age = age if override is None else override
             gauge(s, c.COLLECTIVE_OLDEST_INFLIGHT, labels, t, age)
             gauge(s, c.COLLECTIVE_INFLIGHT, labels, t, 1.0 if age else 0.0)
             stalled = hung and age >= 60 and key != job.laggard
@@ -343,6 +352,11 @@ RANK_KILL = "rank-kill"
 RANK_PG_ERROR = "rank-pgerr"
 # The same death as RANK_PG_ERROR from a hook that exports no restart count.
 RANK_OLD_HOOK = "rank-old-hook"
+# Rank 2 dies mid-collective at point DEATH_AT (its process group fails; SIGABRT); its peers wait
+# in the collective for it, past the stall threshold, until torchrun restarts the group at
+# RESTART_AT. Restarted, rank 2 waits 45 s in its first collective for its peers to start.
+RANK_DEATH_STALL = "rank-death-stall"
+DEATH_AT = 174
 # Rank 2 of 4 (node ex-b) is a straggler; node ex-b is excluded at RESTART_AT and node ex-a's
 # ranks restart and re-form the job at world size 2.
 EXCLUDED = "excluded"
@@ -403,6 +417,20 @@ def history(t0: float) -> str:
     for job_id in (RANK_KILL, RANK_PG_ERROR):
         simulate(Job(job_id, layout(job_id, 2, 2), restarts=restarted_at(RESTART_AT)), s, t0)
     simulate(Job(RANK_OLD_HOOK, layout("oh", 2, 2)), s, t0)
+    simulate(
+        Job(
+            RANK_DEATH_STALL,
+            layout(RANK_DEATH_STALL, 2, 2),
+            hang_from=DEATH_AT,
+            hang_until=RESTART_AT,
+            laggard=2,
+            absent=lambda r, i: r.rank == 2 and DEATH_AT <= i < RESTART_AT,
+            inflight=lambda r, i: 45.0 if r.rank == 2 and i == RESTART_AT else None,
+            restarts=restarted_at(RESTART_AT),
+        ),
+        s,
+        t0,
+    )
     simulate(
         Job(
             EXCLUDED,

@@ -197,3 +197,32 @@ def test_a_restart_right_after_a_repair_is_the_repair_s(history: History) -> Non
     assert restarted.severity == 1 and restarted.ranks == []
     assert "after the remediation service's restart_from_checkpoint" in restarted.summary
     assert not any(c.cause == "rank_killed" for c in report.candidates)
+
+
+def test_a_rank_that_dies_mid_collective_is_the_cause_and_its_peers_stall_the_consequence(
+    history: History, tmp_path: Path
+) -> None:
+    """Rank 2's process group fails in the gradient sync and the process aborts (SIGABRT, as
+    gloo's teardown can); its peers wait in the collective for it past the stall threshold
+    until torchrun restarts the group. Restarted, rank 2 waits 45 s for its peers to start:
+    no part of the job as it was when it died."""
+    logs = copy(synthetic.RANK_PG_ERROR, tmp_path, to_job=synthetic.RANK_DEATH_STALL)
+    agent = logs / "agent-rank-pgerr-node-b.log"
+    agent.write_text(
+        agent.read_text().replace("(exitcode: 1) local_rank: 0", "(exitcode: -6) local_rank: 0")
+    )
+    report = run(history, synthetic.RANK_DEATH_STALL, logs)
+    assert report.failure is Failure.RANK_FAILURE
+    first = report.symptoms[0]
+    assert (first.failure, first.ranks, first.severity) == (Failure.RANK_FAILURE, [2], 3)
+    assert "rank 2 died first (SIGABRT" in first.summary
+    (hang,) = [s for s in report.symptoms if s.failure is Failure.HANG]
+    assert hang.severity == 2
+    assert "the consequence of rank 2's death" in hang.summary
+    death = history.now - 3600 + synthetic.DEATH_AT * synthetic.INTERVAL
+    assert hang.since is not None and abs(hang.since - death) <= synthetic.INTERVAL
+    top = report.candidates[0]
+    assert (top.cause, top.facts["pid"], top.facts["signal"]) == ("rank_killed", 29325, "SIGABRT")
+    never_joined = [c for c in report.candidates if c.cause == "rank_never_joined"]
+    assert all(c.confidence < top.confidence for c in never_joined)
+    assert report.scope.ranks == [2]

@@ -27,6 +27,7 @@ import pytest
 from trainguard import contract
 from trainguard.demo.config import DEMO_JOB_ID, DemoConfig, Ports
 from trainguard.demo.run import TARGETS, DemoResult, run_demo
+from trainguard.demo.stack import SCRAPE_SECONDS
 from trainguard.diagnose import flight_recorder as fr_analyzer
 from trainguard.instrumentation import tracing, worker
 
@@ -261,6 +262,12 @@ def test_the_drill(tmp_path: Path) -> None:
     assert causes["rank_never_joined"]["facts"]["suspect_ranks"] == [1]
     assert causes["rank_never_joined"]["facts"]["recommended_timeout_seconds"] >= 60
     assert causes["slow_gpu_or_process"]["summary"].startswith("Rank 2 "), causes
+    # Each symptom is dated by its first evidence, within a scrape interval of the fault's
+    # injection, and the straggler measured at the factor injected (PLAN: 1.5x), within 10%.
+    for fault, outcome in result.outcomes.items():
+        since = symptoms[fault]["since"]
+        assert abs(since - outcome.injected_at) <= SCRAPE_SECONDS, (fault, since, outcome)
+    assert causes["slow_gpu_or_process"]["facts"]["ratio"] == pytest.approx(1.5, rel=0.1)
     oom_causes = [c for c in incident["candidates"] if "oom_time" in c["facts"]]
     assert oom_causes and all(c["facts"]["rank"] == 0 for c in oom_causes), causes
     assert all(c["do_now"] and c["prevention"] for c in incident["candidates"]), causes

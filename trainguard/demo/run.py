@@ -26,7 +26,13 @@ from trainguard.demo.faults import FaultKind, FaultLedger
 from trainguard.demo.faults.hang import HANG
 from trainguard.demo.faults.oom import OOM
 from trainguard.demo.faults.straggler import STRAGGLER
-from trainguard.demo.stack import SIMULATED_GPUS, Stack, demo_thresholds, ensure_binaries
+from trainguard.demo.stack import (
+    SCRAPE_SECONDS,
+    SIMULATED_GPUS,
+    Stack,
+    demo_thresholds,
+    ensure_binaries,
+)
 
 # What each fault should set off: the alert, then the action that repairs it.
 EXPECTED: dict[FaultKind, tuple[contract.Alert, contract.Action]] = {
@@ -425,7 +431,7 @@ def write_incident_report(cfg: DemoConfig, result: DemoResult) -> Path | None:
             charts_dir=out / "charts",
             # The demo's faults last seconds, not the minutes a real job's alerts wait for.
             sustain_seconds=10.0,
-            min_step_seconds=2.0,  # the demo's scrape interval
+            min_step_seconds=SCRAPE_SECONDS,
             thresholds=demo_thresholds(),
         )
     except (PrometheusError, NoDataError) as error:

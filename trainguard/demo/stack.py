@@ -46,8 +46,8 @@ DEMO_THRESHOLDS: dict[str, Any] = {
     "rank_down_for": "10s",
     "rank_absent_window": "2m",
     "rank_restart_window": "1m",
-    # An OOM alert stays firing for this long after the OOM; the service verifies the repair only
-    # once it resolves, so a short window lets the demo's last fault be verified in time.
+    # An OOM alert stays firing for this long after the OOM (the service verifies the repair by
+    # the OOMs counted since, not by the alert resolving).
     "oom_window": "30s",
     "nccl_timeout_window": "2m",
     "dataloader_for": "1m",
@@ -57,6 +57,8 @@ DEMO_THRESHOLDS: dict[str, Any] = {
 }
 # How long the service gives each of the demo's repairs to show recovery before it escalates.
 VERIFY_SECONDS = 60.0
+# Prometheus scrapes and evaluates every this often (the finest step diagnose reads at).
+SCRAPE_SECONDS = 2
 # The hook's own watchdog floor: below the alert's floor, so dumps exist when the alert fires.
 HOOK_STALL_FLOOR_SECONDS = 4.0
 
@@ -153,7 +155,10 @@ def write_configs(
     for folder in (cfg.file_sd, cfg.logs, cfg.dumps, cfg.checkpoint_dir):
         folder.mkdir(parents=True, exist_ok=True)
     prometheus = {
-        "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+        "global": {
+            "scrape_interval": f"{SCRAPE_SECONDS}s",
+            "evaluation_interval": f"{SCRAPE_SECONDS}s",
+        },
         "rule_files": [str(rules_path)],
         "storage": {"exemplars": {"max_exemplars": 100000}},
         "alerting": {

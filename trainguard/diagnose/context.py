@@ -16,6 +16,7 @@ import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from trainguard.contract import Cause, Failure
 from trainguard.diagnose.evidence import Event, LogEvidence, StallDump
@@ -118,6 +119,14 @@ class Context:
         self.report.symptoms.insert(at, symptom)
         self.scopes.insert(at if first else len(self.scopes), (symptom.severity, scope))
 
+    def consequence(self, symptom: Symptom, of: str) -> None:
+        """Mark a symptom reported earlier as the consequence of another (``of`` says which):
+        degraded at most, its scope ranked with it."""
+        index = next(i for i, s in enumerate(self.report.symptoms) if s is symptom)
+        symptom.severity = min(symptom.severity, 2)
+        symptom.summary += f" ({of})"
+        self.scopes[index] = (symptom.severity, self.scopes[index][1])
+
     def candidate(self, candidate: Candidate) -> None:
         self.report.candidates.append(candidate)
 
@@ -135,6 +144,21 @@ class Context:
     def events(self, *kinds: str) -> list[Event]:
         """The hook's events of these kinds (``contract.EventKind`` values)."""
         return [e for e in self.logs.events if e.kind in kinds]
+
+    def first_event_at(self, *kinds: str) -> float | None:
+        """When the hook first logged an event of these kinds within the window (its ECS
+        timestamp, to the millisecond: a symptom's first evidence, where a counter shows it a
+        scrape later)."""
+        times = [t for e in self.events(*kinds) if (t := self.event_time(e)) is not None]
+        return min(times, default=None)
+
+    def event_time(self, event: Event) -> float | None:
+        """An event's ECS timestamp, if it is one and within the window."""
+        try:
+            stamp = datetime.fromisoformat(event.timestamp.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+        return stamp if self.sig.start <= stamp <= self.sig.end else None
 
     # --- signals ------------------------------------------------------------------------
     @property

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from trainguard import contract
 from trainguard.contract import Cause, EventKind, Failure
@@ -95,7 +94,7 @@ def analyse(ctx: Context) -> None:
     if not seen.any:
         return
     sig = ctx.sig
-    since = seen.peak_t - seen.peak_age if seen.peak_t is not None and seen.peak_age else None
+    since = _began(ctx, seen)
     laggard = _laggard(ctx)
     suspects = _suspects(ctx, seen, laggard)
     ctx.stall_ranks = suspects
@@ -106,7 +105,7 @@ def analyse(ctx: Context) -> None:
         if seen.peak_age
         else "collectives stopped completing"
     )
-    repair = _repair_before(ctx, since if since is not None else _first_event_time(ctx))
+    repair = _repair_before(ctx, since if since is not None else ctx.first_event_at(*_HANG_EVENTS))
     if repair is not None:
         # The survivors of a node the service took away, or of a restart it signalled, wait in
         # their collective until the others are gone: the repair's teardown, not a hang.
@@ -138,15 +137,18 @@ _TEARDOWN_LEAD = 5.0
 _TEARING_DOWN = (contract.Action.EXCLUDE_NODE.value, contract.Action.RESTART_FROM_CHECKPOINT.value)
 
 
-def _first_event_time(ctx: Context) -> float | None:
-    """When the hook first reported a stall (its events' ECS timestamps)."""
-    times = []
-    for event in ctx.events(*_HANG_EVENTS):
-        try:
-            times.append(datetime.fromisoformat(event.timestamp.replace("Z", "+00:00")).timestamp())
-        except ValueError:
-            continue
-    return min(times, default=None)
+def _began(ctx: Context, seen: _Seen) -> float | None:
+    """When the stalled collective began: the hook's own report of it (its stall event's time
+    less the collective's age then, both read together) where it made one, else the peak of
+    the oldest in-flight collective's age less that age (a scrape and a watchdog turn later)."""
+    starts = []
+    for event in ctx.events(EventKind.COLLECTIVE_STALLED.value):
+        at, age = ctx.event_time(event), event.details.get("age_seconds")
+        if at is not None and isinstance(age, (int, float)):
+            starts.append(at - age)
+    if seen.peak_t is not None and seen.peak_age:
+        starts.append(seen.peak_t - seen.peak_age)
+    return min(starts, default=None)
 
 
 def _repair_before(ctx: Context, start: float | None) -> str | None:

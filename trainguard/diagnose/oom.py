@@ -51,7 +51,10 @@ def _oom(ctx: Context) -> None:
     if not (ooms or log_ooms or event_ooms):
         return
     ranks = sorted(ooms) or sorted({e.rank for e in event_ooms if e.rank is not None})
-    first = min((i[0][0] for i in ooms.values()), default=None)
+    # The hook's own event dates the first OOM to the millisecond; the counter, a scrape later.
+    counted = [i[0][0] for i in ooms.values()]
+    logged = ctx.first_event_at(EventKind.OOM.value)
+    first = min([*counted, *([] if logged is None else [logged])], default=None)
     ctx.oom_rank = min(ooms, key=lambda r: ooms[r][0][0]) if ooms else (ranks[0] if ranks else None)
     everyone = len(ranks) == len(sig.ranks) and len(ranks) > 1
     ctx.symptom(

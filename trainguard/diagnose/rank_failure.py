@@ -10,10 +10,18 @@ worker killed by a signal before one that exited with an error (its peers exit 1
 gone), then the earliest by the agent's timestamp. A worker terminated from outside (SIGTERM:
 a repair's restart, the scheduler) is no rank's fault. Older hooks export no restart count;
 the agents' lines alone still say that a rank failed.
+
+A rank that dies mid-collective leaves its peers waiting in it until torchrun tears the group
+down: a hang the hang analysis sees first. The death is that hang's cause when the rank was not
+itself waiting in the collective before it died (its oldest in-flight collective, before the
+restart, far younger than its peers'), whatever its exit code (gloo aborts too); the hang is
+then reported as the death's consequence. A rank stuck in the collective that died of it (NCCL's
+watchdog abort, a timeout error) is the hang's consequence instead.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +37,6 @@ from trainguard.diagnose.prometheus import Series
 # Signals another process sends to stop a worker: the agent tearing a group down, a repair's
 # restart, the scheduler's preemption.
 _FROM_OUTSIDE = {-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP}
-# ProcessGroupNCCL's watchdog aborts the process after a collective timeout: a hang's
-# consequence, not its cause.
-_ABORT = -signal.SIGABRT
 _NO_TIME = "~"  # sorts after every "MM-DD HH:MM:SS" time
 # A death another symptom explains, or a restart from outside, ranks its candidate under the
 # least likely explanation of that symptom (0.3): the candidates explain the first symptom
@@ -230,30 +235,36 @@ def _summary_time(value: Any) -> str | None:
     return f"{value[5:10]} {value[11:19]}.000000"
 
 
-def _consequence(ctx: Context, root: Death) -> bool:
+def _consequence(ctx: Context, root: Death, restarted: float | None) -> bool:
     """Whether another symptom explains the death: an OOM or a GPU fault of that rank, or a
-    hang the rank was not the cause of (the watchdog's abort, a peer's timeout error)."""
+    hang the rank was itself stuck in (NCCL's watchdog aborting a waiting rank, a peer's
+    timeout error). A rank that died without waiting (it never joined: killed, its process
+    group failed, whatever its exit code) caused the hang its peers were left in."""
     rank = root.rank
     for symptom in ctx.report.symptoms:
-        if symptom.failure in (Failure.OOM, Failure.GPU_FAULT) and symptom.severity >= 3:
+        if symptom.severity < 3:
+            continue
+        if symptom.failure in (Failure.OOM, Failure.GPU_FAULT):
             node = ctx.sig.node_of(rank) if rank is not None else ""
             if rank in symptom.ranks or (node and node in symptom.nodes):
                 return True
         hang = symptom.failure in (Failure.HANG, Failure.NCCL_TIMEOUT)
-        if hang and (root.exitcode == _ABORT or _was_stuck(ctx, rank)):
+        if hang and _was_stuck(ctx, rank, restarted):
             return True
     return False
 
 
-def _was_stuck(ctx: Context, rank: int | None) -> bool:
+def _was_stuck(ctx: Context, rank: int | None, restarted: float | None) -> bool:
     """Whether the rank was itself waiting in the stalled collective before it died (its
     oldest in-flight collective as old as its peers'): then its error is the hang's timeout or
     teardown. A rank whose peers waited far longer than it never joined: its death caused the
-    hang (they wait until its process is gone)."""
+    hang (they wait until its process is gone). Only the job as it was before the restart
+    counts (``restarted``): a restarted rank waiting for its peers to start is another story."""
     if rank is None:
         return bool(ctx.stall_ranks)
+    until = math.inf if restarted is None else restarted
     peaks = {
-        r: max((v for _, v in s.points if v == v), default=0.0)
+        r: max((v for t, v in s.points if v == v and t < until), default=0.0)
         for r, s in ctx.sig.oldest_inflight.items()
     }
     others = max((v for r, v in peaks.items() if r != rank), default=0.0)
@@ -289,10 +300,12 @@ def _report(
         severity, first, ranks = 1, False, []
         summary = f"{restarted}: the workers were terminated from outside ({root.how})"
     else:
-        explained = _consequence(ctx, root)
+        explained = _consequence(ctx, root, when)
         severity, first = (2, False) if explained else (3, True)
         who = f"rank {rank}" if rank is not None else f"local rank {root.local_rank}"
         summary = f"{restarted}: {who} died first ({root.how})"
+        if not explained:
+            _its_hang(ctx, root, when)
     nodes = sorted({sig.node_of(r) for r in ranks if sig.node_of(r)})
     scope = (
         ctx.rank_scope(
@@ -313,6 +326,27 @@ def _report(
     if severity < 3:
         candidate.confidence = min(candidate.confidence, _SECONDARY)
     ctx.candidate(candidate)
+
+
+def _its_hang(ctx: Context, root: Death, restarted: float | None) -> None:
+    """The hang the dead rank's peers were left in, once the death is known to be the cause:
+    they waited in their collective for it (it is the rank they waited for, or the hang names
+    none) until torchrun tore the group down. Reported as the death's consequence, and the
+    hang's own explanation (a rank that never joined) ranked below the death's."""
+    who = f"rank {root.rank}" if root.rank is not None else f"local rank {root.local_rank}"
+    for symptom in list(ctx.report.symptoms):
+        hang = symptom.failure in (Failure.HANG, Failure.NCCL_TIMEOUT)
+        if not hang or symptom.severity < 3:
+            continue
+        if symptom.ranks and root.rank not in symptom.ranks:
+            continue
+        if restarted is not None and symptom.since is not None and symptom.since > restarted:
+            continue  # a stall after the restart is the restarted job's
+        ctx.consequence(symptom, f"the consequence of {who}'s death: its peers waited for it")
+        for candidate in ctx.report.candidates:
+            if candidate.cause is Cause.RANK_NEVER_JOINED:
+                candidate.confidence = min(candidate.confidence, _SECONDARY)
+                candidate.evidence.append(f"{who} died ({root.how}); its peers waited for it")
 
 
 def _candidate(

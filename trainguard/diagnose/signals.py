@@ -82,6 +82,14 @@ class Signals:
     sustain_seconds: float = 300.0
     ranks: list[RankId] = field(default_factory=list)
     compute: dict[int, Series] = field(default_factory=dict)
+    # The raw compute histogram's sum and count per rank, on a grid of ``raw_step`` (the scrape
+    # interval where the window allows): the mean of each interval's own steps (a change's first
+    # evidence, not a window's mean of it); and when the sample each point reads was scraped
+    # (PromQL timestamp()).
+    raw_step: float = 15.0
+    compute_sum: dict[int, Series] = field(default_factory=dict)
+    compute_count: dict[int, Series] = field(default_factory=dict)
+    compute_scraped: dict[int, Series] = field(default_factory=dict)
     step_time: dict[int, Series] = field(default_factory=dict)
     sync_wait: dict[int, Series] = field(default_factory=dict)
     phases: dict[int, dict[str, Series]] = field(default_factory=dict)
@@ -164,6 +172,10 @@ def _identities(groups: list[list[Series]]) -> list[RankId]:
     return sorted(seen.values())
 
 
+# Prometheus refuses a range query of more than 11,000 points per series.
+_MAX_POINTS = 10_000
+
+
 def grid_step(start: float, end: float, points: int = 360, minimum: float = 15.0) -> float:
     """A query step that gives about ``points`` points, never under ``minimum`` (a scrape
     interval)."""
@@ -205,6 +217,16 @@ def collect(
             "in the window; check the job id, --since, and that Prometheus scrapes the ranks"
         )
     sig.compute = _by_rank(compute)
+    # At the scrape interval unless that asks Prometheus for more points than it answers.
+    sig.raw_step = min_step if (end - start) / min_step <= _MAX_POINTS else step
+
+    def raw(query: str) -> dict[int, Series]:
+        return _by_rank(client.query_range(query, start, end, sig.raw_step))
+
+    spec = c.STEP_COMPUTE_DURATION
+    sig.compute_sum = raw(f"sum by ({RANK_BY}) ({spec.sum_name}{{{job}}})")
+    sig.compute_count = raw(f"sum by ({RANK_BY}) ({spec.count_name}{{{job}}})")
+    sig.compute_scraped = raw(f"max by ({RANK_BY}) (timestamp({spec.count_name}{{{job}}}))")
     sig.step_time = _by_rank(step_time)
     sig.last_step = _by_rank(last_step)
     sig.allocated = _by_rank(allocated)

@@ -22,9 +22,16 @@ from trainguard.diagnose.context import (
     utc,
 )
 from trainguard.diagnose.gpu_throttling import Window, max_temperature, throttling
+from trainguard.diagnose.membership import (
+    first_evidence,
+    interval_run,
+    member_points,
+    steady_ratio,
+)
 from trainguard.diagnose.model import Candidate, Scope, ScopeLevel, Setting, Symptom
 from trainguard.diagnose.prevent import SCHEDULER, elastic_minimum, prevents
 from trainguard.diagnose.signals import Signals
+from trainguard.thresholds import duration_seconds
 
 PHASE_ORDER = ("data", "forward", "backward", "optimizer", "sync_wait")
 
@@ -38,17 +45,27 @@ class Straggler:
 
 
 def find_stragglers(ctx: Context) -> list[Straggler]:
-    """Ranks at least ``straggler_factor`` times the job median, sustained; slowest first."""
+    """Ranks at least ``straggler_factor`` times the job median, sustained, judged over the
+    job as it was (see :mod:`.membership`); slowest first. ``since`` is the first evidence
+    (the first interval whose own steps ran that slow), ``ratio`` the factor over the
+    intervals after it, where the raw counters tell; else the window means'."""
     limits = ctx.thresholds
-    median = job_median(ctx.sig.compute, limits.straggler_min_ranks)
+    window = duration_seconds(limits.rate_window)
+    compute = {r: member_points(ctx, r, s, window) for r, s in ctx.sig.compute.items()}
+    median = job_median(compute, limits.straggler_min_ranks)
     out = []
-    for rank, series in ctx.sig.compute.items():
+    for rank, series in compute.items():
         ratios = [(t, v / median[t]) for t, v in series.points if median.get(t, 0) > 0]
         run = runs([(t, r >= limits.straggler_factor) for t, r in ratios], ctx.min_points)
         if run is None:
+            run = interval_run(ctx, rank, limits.straggler_factor)
+        if run is None:
             continue
-        within = [r for t, r in ratios if run[0] <= t <= run[1]]
-        out.append(Straggler(rank, run[0], run[1], statistics.median(within)))
+        since = first_evidence(ctx, rank, run[0], window, limits.straggler_factor) or run[0]
+        ratio = steady_ratio(ctx, rank, since, run[1])
+        if ratio is None:
+            ratio = statistics.median(r for t, r in ratios if run[0] <= t <= run[1])
+        out.append(Straggler(rank, since, run[1], ratio))
     return sorted(out, key=lambda s: -s.ratio)
 
 
