@@ -40,8 +40,10 @@ import httpx
 from benchmarks.fault_matrix_plan import (
     CATALOGUE,
     DATA_SECONDS,
+    DRILL_KINDS,
     HEALTHY_SECONDS,
     JITTER,
+    QUICK_DRILL_RUNS,
     RANK_MEMORY_CAPACITY,
     RUN_DEADLINE_SECONDS,
     START_DEADLINE_SECONDS,
@@ -208,6 +210,8 @@ class Matrix:
         result.alerts = {name: round(t - started, 1) for name, t in alerts.items()}
         expected = {a.value for a in spec.alerts} if spec is not None else set()
         incidents = self._incidents(plan)
+        result.escalations = sum(int(i.get("rung") or 0) for i in incidents)
+        result.pages = sum(bool(i.get("paged")) for i in incidents)
         acted = [_timestamp(i["acted_at"]) for i in incidents if i.get("acted_at")]
         # An alert that first fires after the service acted reports the repair (a restart is a
         # restart), not a failure the fault did not cause.
@@ -296,7 +300,12 @@ def _wait(probe: Any, timeout: float) -> Any:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="each fault kind once, one healthy")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"each fault kind once ({QUICK_DRILL_RUNS} times the drill's: "
+        f"{', '.join(DRILL_KINDS)}), one healthy",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each fault kind")
     parser.add_argument("--healthy", type=int, help="healthy runs (default: the faulty count)")
     parser.add_argument("--parallel", type=int, default=4, help="jobs at a time")
@@ -310,7 +319,8 @@ def run_matrix(args: argparse.Namespace) -> tuple[list[RunResult], dict[str, Any
     repeats = 1 if args.quick else args.repeats
     faulty = repeats * len(CATALOGUE)
     healthy = args.healthy if args.healthy is not None else (1 if args.quick else faulty)
-    plans = plan_runs(args.seed, repeats, healthy)
+    more = {kind: QUICK_DRILL_RUNS - 1 for kind in DRILL_KINDS} if args.quick else None
+    plans = plan_runs(args.seed, repeats, healthy, more)
     if args.only:
         chosen = set(args.only.split(","))
         plans = [p for p in plans if p.fault in chosen]
@@ -364,8 +374,8 @@ def _progress(result: RunResult, done: int, total: int, started: float) -> None:
         f"[{done}/{total} {time.time() - started:5.0f}s] {result.plan.job_id} "
         f"rank {result.plan.rank}: "
         f"detected {detect}, cause {result.cause}@{result.cause_rank}, action {result.action}, "
-        f"outcome {result.outcome}, false {result.false_alerts or '-'}"
-        + (f", error {result.error}" if result.error else ""),
+        f"outcome {result.outcome}, escalations {result.escalations}, pages {result.pages}, "
+        f"false {result.false_alerts or '-'}" + (f", error {result.error}" if result.error else ""),
         flush=True,
     )
 

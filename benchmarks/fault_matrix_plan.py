@@ -5,6 +5,7 @@ should set off."""
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +146,10 @@ CATALOGUE: tuple[FaultSpec, ...] = tuple(
 
 
 HEALTHY = "healthy"
+# The drill's three faults (`make demo`'s plan), run this many times in the quick matrix: a
+# repair that worked must never be followed by an escalation or a page, on any run.
+DRILL_KINDS = ("straggler_1.5x", "hang", "oom")
+QUICK_DRILL_RUNS = 3
 
 
 def matrix_policy(cfg: DemoConfig) -> dict[str, Any]:
@@ -197,12 +202,21 @@ class RunResult:
     action: str | None = None
     outcome: str | None = None
     recover_s: float | None = None
+    # Over the job's incidents: the rungs the service climbed past the first, and its pages.
+    escalations: int = 0
+    pages: int = 0
 
 
-def plan_runs(seed: int, repeats: int, healthy: int) -> list[RunPlan]:
-    """Every fault kind ``repeats`` times and ``healthy`` healthy runs, shuffled, seeded."""
+def plan_runs(
+    seed: int, repeats: int, healthy: int, more: Mapping[str, int] | None = None
+) -> list[RunPlan]:
+    """Every fault kind ``repeats`` times (and those of ``more`` that many times more) and
+    ``healthy`` healthy runs, shuffled, seeded."""
     rng = random.Random(seed)
-    kinds = [spec.name for spec in CATALOGUE for _ in range(repeats)] + [HEALTHY] * healthy
+    extra = more or {}
+    kinds = [spec.name for spec in CATALOGUE for _ in range(repeats + extra.get(spec.name, 0))] + [
+        HEALTHY
+    ] * healthy
     rng.shuffle(kinds)
     return [
         RunPlan(

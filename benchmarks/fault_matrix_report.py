@@ -1,5 +1,5 @@
-"""The fault matrix's report: per fault kind, detection, time to detect, root cause and
-recovery; false alerts per healthy hour; the table, the plot and the last line."""
+"""The fault matrix's report: per fault kind, detection, time to detect, root cause, recovery,
+escalations and pages; false alerts per healthy hour; the table, the plot and the last line."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ class KindRow:
     recovery: float | None
     p50_recover_s: float | None
     p95_recover_s: float | None
+    escalations: int
+    pages: int
     false_alerts: int
 
 
@@ -50,6 +52,8 @@ def summarize(results: list[RunResult]) -> tuple[list[KindRow], dict[str, Any]]:
                 recovery=len(recovered) / len(acted) if acted else None,
                 p50_recover_s=percentile(recovers, 0.5),
                 p95_recover_s=percentile(recovers, 0.95),
+                escalations=sum(r.escalations for r in mine),
+                pages=sum(r.pages for r in mine),
                 false_alerts=sum(len(r.false_alerts) for r in mine),
             )
         )
@@ -70,6 +74,8 @@ def summarize(results: list[RunResult]) -> tuple[list[KindRow], dict[str, Any]]:
         "false_alerts_per_healthy_hour": healthy_false / healthy_hours if healthy_hours else None,
         "healthy_hours": round(healthy_hours, 3),
         "p95_detect_s": percentile(detects, 0.95),
+        "escalations": sum(r.escalations for r in results),
+        "pages": sum(r.pages for r in results),
         "errors": sum(r.error is not None for r in results),
     }
     return rows, totals
@@ -84,15 +90,15 @@ def table(rows: list[KindRow], totals: dict[str, Any]) -> str:
 
     lines = [
         "| fault | runs | detected | p50 / p95 detect (s) | 2x threshold (s) | root cause top-1 "
-        "| acted | recovered | p50 / p95 recover (s) | false alerts |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| acted | recovered | p50 / p95 recover (s) | escalations | pages | false alerts |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row.kind} | {row.runs} | {pct(row.detection)} | {sec(row.p50_detect_s)} / "
             f"{sec(row.p95_detect_s)} | {2 * row.threshold_s:.0f} | {pct(row.root_cause)} | "
             f"{row.acted} | {pct(row.recovery)} | {sec(row.p50_recover_s)} / "
-            f"{sec(row.p95_recover_s)} | {row.false_alerts} |"
+            f"{sec(row.p95_recover_s)} | {row.escalations} | {row.pages} | {row.false_alerts} |"
         )
     per_hour = totals["false_alerts_per_healthy_hour"]
     lines += [
@@ -142,5 +148,6 @@ def last_line(totals: dict[str, Any]) -> str:
     return (
         f"runs={totals['runs']} detection={num(totals['detection'])} "
         f"root_cause={num(totals['root_cause'])} recovery={num(totals['recovery'])} "
-        f"false_alerts={totals['false_alerts']} p95_detect_s={p95_text}"
+        f"false_alerts={totals['false_alerts']} p95_detect_s={p95_text} "
+        f"escalations={totals['escalations']} pages={totals['pages']}"
     )
