@@ -54,6 +54,10 @@ def _entry(
     try:
         result = scenario(rank, world_size, Path(out_dir), **kwargs)
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
+        # Rank 0 hosts the job's store: it must not exit while a peer still uses it (a peer's
+        # watchdog polling the store then sat in C++ as the process exited, and aborted it:
+        # "terminate called without an active exception").
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
     finally:
         dist.destroy_process_group()
 

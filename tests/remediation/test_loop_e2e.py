@@ -33,11 +33,13 @@ MEMBERS = f"loop-members-{RUN}"
 NODES = ("node-a", "node-b")
 # A rung that cannot work is given this long before the next one is tried.
 SHORT_VERIFY_SECONDS = 8.0
-# Long enough for a repair that works: the OOM alert resolves one OOM window after the last OOM.
+# Long enough for a repair that works: it is judged recovered once a scrape after it counts no
+# new OOM, well before the alert resolves (one OOM window after the last OOM).
 VERIFY_SECONDS = 60.0
 R = contract.LABEL_RANK
 RANK_DOWN_FOR = duration_seconds(LOOP_THRESHOLDS["rank_down_for"])
 RANK_ABSENT_WINDOW = duration_seconds(LOOP_THRESHOLDS["rank_absent_window"])
+OOM_WINDOW = duration_seconds(LOOP_THRESHOLDS["oom_window"])
 
 
 def _only(job_id: str) -> list[str]:
@@ -148,7 +150,14 @@ def test_a_repair_that_works_is_verified_as_recovered(stack: LoopStack) -> None:
     assert {r.rank for r in job.directives()} == {0, 1}
     assert _kinds(job.directives()) == [Action.SPLIT_MICRO_BATCHES]
     assert job.current_step() > stuck_at
-    assert not stack.firing(Alert.TRAINING_OOM, job_id=RECOVERS)
+    # No OOM after the repair: the alert resolves once its window no longer holds the last one.
+    ooms = job.rank(0).oom_events
+    wait_for(
+        "TrainingOOM resolved",
+        lambda: not stack.firing(Alert.TRAINING_OOM, job_id=RECOVERS),
+        OOM_WINDOW + 30,
+    )
+    assert job.rank(0).oom_events == ooms
     assert stack.incident(incident["id"]) == incident
     recovered = stack.incidents(state="closed", outcome=IncidentOutcome.RECOVERED.value)
     assert incident["id"] in {i["id"] for i in recovered}

@@ -70,8 +70,7 @@ T = TypeVar("T")
 DDP_DEFAULT_SAMPLE_RATE = 100
 _ATTACHED = "_trainguard_instrumentation"
 _BUCKET_TIMER = "_trainguard_bucket_timer"
-# How long the watchdog's thread waits for a stalled step's spans to leave, and the exit for the
-# last steps' (the batch exporter's own timeout applies within it).
+# How long a stall's spans, and the last steps' at exit, may take to leave.
 STALL_EXPORT_SECONDS = 2.0
 EXIT_EXPORT_SECONDS = 5.0
 
@@ -456,9 +455,8 @@ class Instrumentation:
         self.metrics.training_step.set(self.clock.step)
 
     def _export_stall(self, report: StallReport) -> None:
-        """The watchdog dumped a stalled step (its thread): the spans of the steps before it
-        and of the stalled step leave now, not at a flush that may never come (a hung job is
-        killed)."""
+        """The watchdog dumped a stalled step (its thread): its spans and its forerunners'
+        leave now, not at a flush that may never come (a hung job is killed)."""
         worker, provider = self._worker, self._tracer_provider
         if worker is None or provider is None:
             return
@@ -469,8 +467,11 @@ class Instrumentation:
     def _export_at_exit(self) -> None:
         """The interpreter exits without ``uninstrument()``: every step that ran leaves (its
         metrics, its spans), within :data:`EXIT_EXPORT_SECONDS`. The targets stay registered:
-        a process that exits this way may have crashed, and Prometheus must see it down."""
+        a process that exits this way may have crashed, and Prometheus must see it down. The
+        watchdog, which polls the job's store, stops first: not while the interpreter ends."""
         with self.errors.guard("exit"):
+            if self._watchdog is not None:
+                self._watchdog.stop(timeout=1.0)
             if self._worker is not None:
                 self._worker.stop(timeout=EXIT_EXPORT_SECONDS)
             if self._tracer_provider is not None:
