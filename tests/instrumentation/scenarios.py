@@ -112,23 +112,43 @@ def value(registry: CollectorRegistry, name: str, labels: dict[str, str]) -> flo
     return registry.get_sample_value(name, labels) or 0.0
 
 
-def spans_and_metrics(
-    rank: int, world: int, out: Path, per_bucket: bool, steps: int
-) -> dict[str, Any]:
-    """Train with spans captured in memory; report spans, exposition and histogram counts."""
-    model = make_ddp(delay=0.02)
+class Traced(SimpleNamespace):
+    """An instrumented DDP model with its optimizer, in-memory span exporter and registry."""
+
+    model: DistributedDataParallel
+    optimizer: torch.optim.SGD
+    exporter: InMemorySpanExporter
+    registry: CollectorRegistry
+    handle: trainguard.Instrumentation
+
+
+def traced_ddp(job_id: str, delay: float = 0.0, **options: Any) -> Traced:
+    """DDP instrumented with spans kept in memory and metrics in a private registry."""
+    model = make_ddp(delay=delay)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     exporter = InMemorySpanExporter()
     registry = CollectorRegistry()
     handle = trainguard.instrument(
         model,
         optimizer,
-        job_id="job-spans",
+        job_id=job_id,
         registry=registry,
         span_exporter=exporter,
-        per_bucket=per_bucket,
         metrics_port=-1,
+        **options,
     )
+    return Traced(
+        model=model, optimizer=optimizer, exporter=exporter, registry=registry, handle=handle
+    )
+
+
+def spans_and_metrics(
+    rank: int, world: int, out: Path, per_bucket: bool, steps: int
+) -> dict[str, Any]:
+    """Train with spans captured in memory; report spans, exposition and histogram counts."""
+    traced = traced_ddp("job-spans", delay=0.02, per_bucket=per_bucket)
+    model, optimizer, exporter = traced.model, traced.optimizer, traced.exporter
+    registry, handle = traced.registry, traced.handle
     train(model, optimizer, steps, rank)
     publish_last_timers(model, rank)
     handle.force_flush_spans()
@@ -149,18 +169,9 @@ def spans_and_metrics(
 def ddp_defaults_spans(rank: int, world: int, out: Path, steps: int) -> dict[str, Any]:
     """DDP at the hook's defaults, ``steps`` steps, then ``flush()`` alone: the spans exported
     by then, and after ``uninstrument()``."""
-    model = make_ddp()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    exporter = InMemorySpanExporter()
-    registry = CollectorRegistry()
-    handle = trainguard.instrument(
-        model,
-        optimizer,
-        job_id="job-flush",
-        registry=registry,
-        span_exporter=exporter,
-        metrics_port=-1,
-    )
+    traced = traced_ddp("job-flush")
+    model, optimizer, exporter = traced.model, traced.optimizer, traced.exporter
+    registry, handle = traced.registry, traced.handle
     train(model, optimizer, steps, rank)
     handle.force_flush_spans()
     at_flush = span_rows(exporter)
@@ -336,22 +347,16 @@ def hang(rank: int, world: int, out: Path, sleeper: int, sleep_s: float) -> dict
     events = _EventList()
     logging.getLogger(EVENTS_LOGGER).addHandler(events)
     logging.getLogger(EVENTS_LOGGER).setLevel(logging.INFO)
-    model = make_ddp(delay=0.01)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    registry = CollectorRegistry()
-    exporter = InMemorySpanExporter()
-    handle = trainguard.instrument(
-        model,
-        optimizer,
-        job_id="job-hang",
-        registry=registry,
-        span_exporter=exporter,
-        metrics_port=-1,
+    traced = traced_ddp(
+        "job-hang",
+        delay=0.01,
         dump_dir=out / "dumps",
         stall_floor_seconds=1.5,
         stall_factor=3.0,
         watchdog_interval_seconds=0.2,
     )
+    model, optimizer, exporter = traced.model, traced.optimizer, traced.exporter
+    registry, handle = traced.registry, traced.handle
     labels = labels_of(handle)
     ages: list[float] = []
     at_stall: list[dict[str, Any]] = []

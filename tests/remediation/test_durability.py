@@ -422,14 +422,20 @@ def test_sqlite_checkpoints_run_off_the_writer(tmp_path: Path) -> None:
         )
 
         def in_the_file() -> bool:
-            # immutable=1 reads the database file alone, ignoring the WAL.
+            # immutable=1 reads the database file alone, ignoring the WAL, and takes no lock: a
+            # read while the checkpointer copies pages into the file can see it half written
+            # ("malformed"), which means "not there yet", as a missing schema does.
             with sqlite3.connect(f"file:{path}?immutable=1", uri=True) as conn:
                 try:
                     found = conn.execute("SELECT subject FROM breakers").fetchall()
-                except sqlite3.OperationalError:  # not even the schema copied yet
+                except sqlite3.DatabaseError:
                     return False
             return found == [("x",)]
 
         wait_for(in_the_file, timeout=10)
     finally:
         store.close()
+    # The torn reads above were the probe's, never the file's: with its lock, the file is whole.
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert conn.execute("SELECT subject FROM breakers").fetchall() == [("x",)]
