@@ -4,9 +4,9 @@ Runs many short real jobs (the demo trainer under torchrun: 2 "nodes" x 2 gloo r
 one real stack (Prometheus, Alertmanager, the remediation service and the exporter at the demo's
 speed, :mod:`trainguard.demo.stack`), each with one fault of ``fault_matrix_plan.CATALOGUE``
 (every demo fault kind registered in ``trainguard.demo.faults``, at each of its factors) on a
-random rank
-at a random time, or none (healthy runs, +-10% compute jitter per rank and step, as many as the
-faulty runs together). A run is seeded (``--seed``), so a matrix can be replayed.
+random rank at a random time, or none (healthy runs, as many as the faulty runs together); every
+run has the healthy noise of ``fault_matrix_plan.NOISE``. A run is seeded (``--seed``), so a
+matrix can be replayed.
 
 For every run it records whether an alert of the fault's failure fired and how long after the
 injection (Prometheus' ``ALERTS``, the rules' own verdict), every alert that fired (those of
@@ -30,7 +30,7 @@ import shutil
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -39,10 +39,11 @@ import httpx
 
 from benchmarks.fault_matrix_plan import (
     CATALOGUE,
+    COMPUTE_SHARE,
     DATA_SECONDS,
     DRILL_KINDS,
     HEALTHY_SECONDS,
-    JITTER,
+    NOISE,
     QUICK_DRILL_RUNS,
     RANK_MEMORY_CAPACITY,
     RUN_DEADLINE_SECONDS,
@@ -51,14 +52,22 @@ from benchmarks.fault_matrix_plan import (
     STEP_SECONDS,
     THRESHOLDS,
     FaultSpec,
+    FiredAlert,
     RunPlan,
     RunResult,
     acts_on,
+    judge,
     matrix_policy,
     plan_runs,
     spec_named,
 )
-from benchmarks.fault_matrix_report import last_line, plot, summarize, table
+from benchmarks.fault_matrix_report import (
+    escalations_line,
+    last_line,
+    plot,
+    summarize,
+    table,
+)
 from benchmarks.harness.processes import free_port
 from trainguard import contract
 from trainguard.demo.config import DemoConfig, Ports
@@ -101,8 +110,10 @@ class Matrix:
             rendezvous_port=self.cfg.ports.rendezvous,
             metrics_port=metrics_port,
             trainer_args=(
-                "--jitter",
-                str(JITTER),
+                "--noise",
+                NOISE,
+                "--compute-share",
+                str(COMPUTE_SHARE),
                 "--seed",
                 str(plan.seed),
                 "--data-seconds",
@@ -159,6 +170,7 @@ class Matrix:
             result.error = "the fault did not fire"
             return
         result.injected_at = fired.at
+        result.injected_node = fired.node
         deadline = fired.at + RUN_DEADLINE_SECONDS
         while time.time() < deadline:
             time.sleep(2.0)
@@ -181,8 +193,9 @@ class Matrix:
         data = httpx.get(f"{self.prometheus}/api/v1/query", params={"query": query}).json()
         return bool(data["data"]["result"])
 
-    def _alerts_over(self, plan: RunPlan, start: float, end: float) -> dict[str, float]:
-        """Each alert that fired for the job, with its first firing time (Unix seconds)."""
+    def _alerts_over(self, plan: RunPlan, start: float, end: float) -> list[FiredAlert]:
+        """Each alert series that fired for the job, with where it points and its first firing
+        time (Unix seconds)."""
         response = httpx.get(
             f"{self.prometheus}/api/v1/query_range",
             params={
@@ -193,12 +206,19 @@ class Matrix:
             },
             timeout=30,
         )
-        first: dict[str, float] = {}
+        fired: list[FiredAlert] = []
         for series in response.json()["data"]["result"]:
-            name = series["metric"]["alertname"]
-            when = min(float(t) for t, _ in series["values"])
-            first[name] = min(when, first.get(name, when))
-        return first
+            labels = series["metric"]
+            rank = labels.get(contract.LABEL_RANK)
+            fired.append(
+                FiredAlert(
+                    labels["alertname"],
+                    min(float(t) for t, _ in series["values"]),
+                    rank=None if rank is None else int(rank),
+                    node=labels.get(contract.LABEL_NODE),
+                )
+            )
+        return fired
 
     def _score(self, plan: RunPlan, job: TrainingJob, result: RunResult, started: float) -> None:
         from trainguard.diagnose import diagnose
@@ -207,23 +227,19 @@ class Matrix:
         end = time.time() + 6  # the last evaluations of the run
         time.sleep(6)
         alerts = self._alerts_over(plan, started, end)
-        result.alerts = {name: round(t - started, 1) for name, t in alerts.items()}
-        expected = {a.value for a in spec.alerts} if spec is not None else set()
+        result.alerts = {str(alert): round(alert.first - started, 1) for alert in alerts}
         incidents = self._incidents(plan)
         result.escalations = sum(int(i.get("rung") or 0) for i in incidents)
         result.pages = sum(bool(i.get("paged")) for i in incidents)
         acted = [_timestamp(i["acted_at"]) for i in incidents if i.get("acted_at")]
-        # An alert that first fires after the service acted reports the repair (a restart is a
-        # restart), not a failure the fault did not cause.
-        repaired_at = min(acted, default=float("inf"))
-        result.false_alerts = sorted(
-            name for name, t in alerts.items() if name not in expected and t < repaired_at
-        )
-        if spec is not None and result.injected_at is not None:
-            hits = [t for name, t in alerts.items() if name in expected]
-            if hits:
-                result.detected = True
-                result.detect_s = round(min(hits) - result.injected_at, 1)
+        injected = None
+        if result.injected_at is not None and result.injected_node is not None:
+            injected = (result.injected_at, plan.rank, result.injected_node)
+        verdict = judge(spec, injected, alerts, min(acted, default=None))
+        result.false_alerts = sorted(str(alert) for alert in verdict.false_alerts)
+        if verdict.detect_at is not None and result.injected_at is not None:
+            result.detected = True
+            result.detect_s = round(verdict.detect_at - result.injected_at, 1)
         try:
             report = diagnose(
                 self.prometheus,
@@ -339,11 +355,16 @@ def run_matrix(args: argparse.Namespace) -> tuple[list[RunResult], dict[str, Any
         matrix = Matrix(cfg, stack)
         print(f"fault matrix: {len(plans)} runs, {args.parallel} at a time, seed {args.seed}")
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-            for result in pool.map(matrix.run, plans):
+            # Progress as each run ends, not in plan order (a long run would hide the others).
+            for future in as_completed([pool.submit(matrix.run, plan) for plan in plans]):
+                result = future.result()
                 results.append(result)
                 loads.append(os.getloadavg()[0])
                 _progress(result, len(results), len(plans), started)
+    results.sort(key=lambda r: r.plan.index)
     rows, totals = summarize(results)
+    totals["minutes"] = round((time.time() - started) / 60, 1)
+    totals["load_average"] = (min(loads, default=0.0), max(loads, default=0.0))
     (out / "runs.json").write_text(
         json.dumps(
             {"seed": args.seed, "runs": [asdict(r) for r in results], "totals": totals}, indent=1
@@ -383,6 +404,7 @@ def _progress(result: RunResult, done: int, total: int, started: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _, totals = run_matrix(args)
+    print(escalations_line(totals), flush=True)
     print(last_line(totals), flush=True)
     return 0
 

@@ -5,7 +5,7 @@ should set off."""
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,11 @@ STEP_SECONDS = 0.1
 DATA_SECONDS = 0.01
 
 
-JITTER = 0.1
+# The healthy noise of every run (trainguard.demo.noise): the matrix's fast settings were set
+# on +-10% compute jitter per rank and step (a standard deviation of 5.8%), so they keep that
+# alone; the compute is a sleep (no matmul share), as those settings were measured with.
+NOISE = "sigma=0.058,outlier_every=0,skewed_rank=none,batch_cv=0,gc_every=0"
+COMPUTE_SHARE = 0.0
 
 
 # A fault fires this long after its job's first step (uniform, seeded): past the warm-up and
@@ -53,10 +57,15 @@ START_DEADLINE_SECONDS = 90.0
 RANK_MEMORY_CAPACITY = 1 << 30
 
 
+# What the matrix's alert settings are, on its last line: the demo's fast settings with
+# THRESHOLDS on top ("fast"), not the shipped thresholds.yml and default policy ("shipped").
+SETTINGS = "fast"
+
+
 # The matrix's alert settings on top of the demo's (see docs/fault-matrix.md for why).
 THRESHOLDS: dict[str, Any] = {
     # 1.2x compute reads about 1.17x of the step compute (the fixed cost of a step is not
-    # slowed), and the healthy jitter averages out over the rate window: 1.1 separates them.
+    # slowed), and the healthy noise averages out over the rate window: 1.1 separates them.
     "straggler_factor": 1.1,
     "stalled_seconds": 15,
     "stalled_for": "0s",
@@ -184,16 +193,78 @@ class RunPlan:
         return f"{JOB_PREFIX}{self.index:03d}-{self.fault.replace('.', '')}"
 
 
+# The ranks of every matrix job (2 nodes x 2): rank-hours are its trained hours times this.
+WORLD_SIZE = 4
+
+
+@dataclass(frozen=True)
+class FiredAlert:
+    """One alert series that fired for a run's job: its name, where it points, when it first
+    fired (Unix seconds)."""
+
+    name: str
+    first: float
+    rank: int | None = None
+    node: str | None = None
+
+    def __str__(self) -> str:
+        where = "" if self.rank is None else f" rank {self.rank}"
+        where += "" if self.node is None else f" {self.node}"
+        return self.name + where
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a run's alerts read against its fault: the first right alert, and the rest."""
+
+    detect_at: float | None
+    false_alerts: tuple[FiredAlert, ...]
+
+
+def judge(
+    spec: FaultSpec | None,
+    injected: tuple[float, int, str] | None,
+    alerts: Sequence[FiredAlert],
+    repaired_at: float | None,
+) -> Verdict:
+    """Detection is an alert of the fault's that fired after the injection and points where
+    the fault was (the injected rank, else its node, where the alert names one): a late or
+    misplaced alert is a miss. Every other alert is false, of any name, on any run, unless it
+    first fired after the service repaired the job (a restart, an excluded node's absence: the
+    repair's doing, not a failure the fault left unexplained). ``injected`` is (when, rank,
+    node)."""
+    hits: list[float] = []
+    false: list[FiredAlert] = []
+    for alert in alerts:
+        if repaired_at is not None and alert.first >= repaired_at:
+            continue
+        right = (
+            spec is not None
+            and injected is not None
+            and alert.name in {a.value for a in spec.alerts}
+            and alert.first >= injected[0]
+            and (alert.rank is None or alert.rank == injected[1])
+            and (alert.rank is not None or alert.node is None or alert.node == injected[2])
+        )
+        if right:
+            hits.append(alert.first)
+        else:
+            false.append(alert)
+    return Verdict(min(hits, default=None), tuple(false))
+
+
 @dataclass
 class RunResult:
     plan: RunPlan
     started: bool = False
     error: str | None = None
     injected_at: float | None = None
+    injected_node: str | None = None
     trained_seconds: float = 0.0
     detected: bool = False
     detect_s: float | None = None
-    alerts: dict[str, float] = field(default_factory=dict)  # name -> seconds from job start
+    # Each alert that fired ("name rank r node"), seconds from the job's start to its first firing.
+    alerts: dict[str, float] = field(default_factory=dict)
     false_alerts: list[str] = field(default_factory=list)
     cause: str | None = None
     cause_rank: int | None = None

@@ -1,5 +1,6 @@
 """The fault matrix's report: per fault kind, detection, time to detect, root cause, recovery,
-escalations and pages; false alerts per healthy hour; the table, the plot and the last line."""
+escalations and pages; false alerts per 1,000 rank-hours; the table, the plot and the last
+line."""
 
 from __future__ import annotations
 
@@ -7,7 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fault_matrix_plan import CATALOGUE, HEALTHY, RunResult, spec_named
+from benchmarks.fault_matrix_plan import (
+    CATALOGUE,
+    HEALTHY,
+    SETTINGS,
+    WORLD_SIZE,
+    RunResult,
+    acts_on,
+    spec_named,
+)
 from benchmarks.harness.stats import percentile
 
 
@@ -21,6 +30,7 @@ class KindRow:
     threshold_s: float
     root_cause: float
     acted: int
+    should_act: int
     recovery: float | None
     p50_recover_s: float | None
     p95_recover_s: float | None
@@ -37,7 +47,9 @@ def summarize(results: list[RunResult]) -> tuple[list[KindRow], dict[str, Any]]:
             continue
         detects = [r.detect_s for r in mine if r.detect_s is not None]
         acted = [r for r in mine if r.action is not None]
-        recovered = [r for r in acted if r.outcome == "recovered"]
+        # Recovery counts every run the policy should have repaired: not acting is a failure.
+        should_act = mine if acts_on(spec) else []
+        recovered = [r for r in should_act if r.outcome == "recovered"]
         recovers = [r.recover_s for r in recovered if r.recover_s is not None]
         rows.append(
             KindRow(
@@ -49,7 +61,8 @@ def summarize(results: list[RunResult]) -> tuple[list[KindRow], dict[str, Any]]:
                 threshold_s=spec.threshold_s,
                 root_cause=sum(r.root_cause_right for r in mine) / len(mine),
                 acted=len(acted),
-                recovery=len(recovered) / len(acted) if acted else None,
+                should_act=len(should_act),
+                recovery=len(recovered) / len(should_act) if should_act else None,
                 p50_recover_s=percentile(recovers, 0.5),
                 p95_recover_s=percentile(recovers, 0.95),
                 escalations=sum(r.escalations for r in mine),
@@ -60,8 +73,10 @@ def summarize(results: list[RunResult]) -> tuple[list[KindRow], dict[str, Any]]:
     faulty = [r for r in results if r.plan.fault != HEALTHY]
     healthy = [r for r in results if r.plan.fault == HEALTHY]
     healthy_hours = sum(r.trained_seconds for r in healthy) / 3600
-    healthy_false = sum(len(r.false_alerts) for r in healthy)
-    acted = [r for r in faulty if r.action is not None]
+    rank_hours = WORLD_SIZE * sum(r.trained_seconds for r in results) / 3600
+    false_alerts = sum(len(r.false_alerts) for r in results)
+    acting = {spec.name for spec in CATALOGUE if acts_on(spec)}
+    should_act = [r for r in faulty if r.plan.fault in acting]
     detects = [r.detect_s for r in faulty if r.detect_s is not None]
     totals = {
         "runs": len(results),
@@ -69,9 +84,17 @@ def summarize(results: list[RunResult]) -> tuple[list[KindRow], dict[str, Any]]:
         "healthy": len(healthy),
         "detection": sum(r.detected for r in faulty) / len(faulty) if faulty else None,
         "root_cause": sum(r.root_cause_right for r in faulty) / len(faulty) if faulty else None,
-        "recovery": sum(r.outcome == "recovered" for r in acted) / len(acted) if acted else None,
-        "false_alerts": healthy_false,
-        "false_alerts_per_healthy_hour": healthy_false / healthy_hours if healthy_hours else None,
+        "recovery": (
+            sum(r.outcome == "recovered" for r in should_act) / len(should_act)
+            if should_act
+            else None
+        ),
+        "false_alerts": false_alerts,
+        "false_alerts_in_healthy_runs": sum(len(r.false_alerts) for r in healthy),
+        "false_alerts_per_1000_rank_hours": (
+            1000 * false_alerts / rank_hours if rank_hours else None
+        ),
+        "rank_hours": round(rank_hours, 3),
         "healthy_hours": round(healthy_hours, 3),
         "p95_detect_s": percentile(detects, 0.95),
         "escalations": sum(r.escalations for r in results),
@@ -90,23 +113,26 @@ def table(rows: list[KindRow], totals: dict[str, Any]) -> str:
 
     lines = [
         "| fault | runs | detected | p50 / p95 detect (s) | 2x threshold (s) | root cause top-1 "
-        "| acted | recovered | p50 / p95 recover (s) | escalations | pages | false alerts |",
+        "| acted (of should) | recovered | p50 / p95 recover (s) | escalations | pages "
+        "| false alerts |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row.kind} | {row.runs} | {pct(row.detection)} | {sec(row.p50_detect_s)} / "
             f"{sec(row.p95_detect_s)} | {2 * row.threshold_s:.0f} | {pct(row.root_cause)} | "
-            f"{row.acted} | {pct(row.recovery)} | {sec(row.p50_recover_s)} / "
+            f"{row.acted} of {row.should_act} | {pct(row.recovery)} | {sec(row.p50_recover_s)} / "
             f"{sec(row.p95_recover_s)} | {row.escalations} | {row.pages} | {row.false_alerts} |"
         )
-    per_hour = totals["false_alerts_per_healthy_hour"]
+    rate = totals["false_alerts_per_1000_rank_hours"]
     lines += [
         "",
-        f"Healthy runs: {totals['healthy']} ({totals['healthy_hours']:.2f} h of training), "
-        f"{totals['false_alerts']} false alert(s)"
-        + ("" if per_hour is None else f", {per_hour:.2f} per healthy hour")
-        + f"; runs that broke: {totals['errors']}.",
+        f"False alerts (any alert the run's fault does not explain, every run): "
+        f"{totals['false_alerts']} in {totals['rank_hours']:.2f} rank-hours"
+        + ("" if rate is None else f", {rate:.0f} per 1,000 rank-hours")
+        + f"; {totals['false_alerts_in_healthy_runs']} in the {totals['healthy']} healthy runs "
+        f"({totals['healthy_hours']:.2f} h of training). Runs that broke: {totals['errors']}. "
+        f"Settings: {SETTINGS}.",
     ]
     if "minutes" in totals:
         low, high = totals["load_average"]
@@ -148,6 +174,9 @@ def last_line(totals: dict[str, Any]) -> str:
     return (
         f"runs={totals['runs']} detection={num(totals['detection'])} "
         f"root_cause={num(totals['root_cause'])} recovery={num(totals['recovery'])} "
-        f"false_alerts={totals['false_alerts']} p95_detect_s={p95_text} "
-        f"escalations={totals['escalations']} pages={totals['pages']}"
+        f"false_alerts={totals['false_alerts']} p95_detect_s={p95_text} defaults={SETTINGS}"
     )
+
+
+def escalations_line(totals: dict[str, Any]) -> str:
+    return f"escalations={totals['escalations']} pages={totals['pages']}"

@@ -10,8 +10,12 @@ every N steps and on the remediation service's ``checkpoint_now``, resumes from 
 on restart (torchrun elastic restarts the worker group after a node is excluded or the job is
 restarted), and ``guarded_step`` so an out-of-memory step is retried in micro-batches.
 
-Compute is simulated with a sleep in ``forward`` (``--step-seconds``, varied by ``--jitter``
-per step and rank) so four ranks fit on a laptop; a straggler sleeps ``factor`` times as long.
+Compute takes ``--step-seconds`` per step in ``forward``: ``--compute-share`` of it is real
+arithmetic (square matmuls, as many as that share of the step takes on this machine, counted once
+for the job), the rest a sleep that stands for the time a GPU job's host thread waits on its
+kernels, so four ranks fit on a laptop and still feel CPU contention. A healthy job's noise
+(``--noise``, :class:`~trainguard.demo.noise.Noise`) varies it per step and rank, pauses the whole
+job now and then, and can slow one node in bursts; a straggler computes ``factor`` times as long.
 Data comes through ``wrap_dataloader`` (``--data-seconds`` per batch) and the gradient sync
 through a comm hook, so the faults of ``trainguard.demo.faults`` can slow or stop each of them
 (through :class:`~trainguard.demo.sabotage.Sabotage`, the knobs they turn). Rank 0 appends one
@@ -25,7 +29,6 @@ import argparse
 import datetime
 import json
 import os
-import random
 import threading
 import time
 from pathlib import Path
@@ -40,22 +43,63 @@ from torch.nn.parallel import DistributedDataParallel
 import trainguard
 from trainguard import contract
 from trainguard.demo.faults import DEFAULT_PLAN, Fault, FaultLedger, parse_plan
+from trainguard.demo.noise import Noise, NoiseError
 from trainguard.demo.sabotage import Sabotage
 from trainguard.instrumentation.directives import Directive
 
 WIDTH = 256
 
 
-class DemoNet(nn.Module):
-    """Four linear layers; ``forward`` also "computes" for ``sabotage.work_seconds``, and runs
-    out of memory on batches above ``sabotage.oom_above``."""
+class Work:
+    """Compute that takes a given number of seconds: ``share`` of it real matmuls, the rest a
+    sleep (a GPU job's host thread waiting on its kernels). The matmul count per second is
+    measured once, by rank 0, and shared, so every rank does the same arithmetic for the same
+    seconds: a rank whose matmuls run slower (a busy core) is slower, as it would be."""
 
-    def __init__(self, sabotage: Sabotage, jitter: float = 0.0, seed: int = 0) -> None:
+    SIZE = 256
+
+    def __init__(self, share: float, matmuls_per_second: float) -> None:
+        self.share = share
+        self.matmuls_per_second = matmuls_per_second
+        self._a = torch.randn(self.SIZE, self.SIZE)
+        self._b = torch.randn(self.SIZE, self.SIZE)
+
+    @classmethod
+    def measure(cls, seconds: float = 0.3) -> float:
+        """Matmuls of ``SIZE`` x ``SIZE`` this process does per second."""
+        a, b = torch.randn(cls.SIZE, cls.SIZE), torch.randn(cls.SIZE, cls.SIZE)
+        count, started = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - started) < seconds:
+            a @ b
+            count += 1
+        return count / elapsed
+
+    @classmethod
+    def for_job(cls, share: float) -> Work:
+        """Rank 0 measures, every rank gets its figure (a collective: call it on every rank)."""
+        rate = torch.tensor([cls.measure() if share and dist.get_rank() == 0 else 0.0])
+        dist.broadcast(rate, src=0)
+        return cls(share, float(rate.item()))
+
+    def __call__(self, seconds: float) -> None:
+        real = seconds * self.share
+        for _ in range(round(real * self.matmuls_per_second)):
+            self._a @ self._b
+        if seconds > real:
+            time.sleep(seconds - real)
+
+
+class DemoNet(nn.Module):
+    """Four linear layers; ``forward`` also computes for ``sabotage.work_seconds`` times the
+    step's ``noise_factor`` (set by the loop), and runs out of memory on batches above
+    ``sabotage.oom_above``."""
+
+    def __init__(self, sabotage: Sabotage, work: Work) -> None:
         super().__init__()
         self.layers = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(4)])
         self.sabotage = sabotage
-        self.jitter = jitter
-        self._random = random.Random(seed)
+        self.work = work
+        self.noise_factor = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         oom_above = self.sabotage.oom_above
@@ -64,10 +108,9 @@ class DemoNet(nn.Module):
                 f"CUDA out of memory. Tried to allocate {x.shape[0] * 64} MiB "
                 "(injected by the demo's fault plan)"
             )
-        work = self.sabotage.work_seconds
-        if work:
-            noise = self._random.uniform(1 - self.jitter, 1 + self.jitter) if self.jitter else 1
-            time.sleep(work * noise * x.shape[0] / BATCH_SIZE)
+        seconds = self.sabotage.work_seconds * self.noise_factor * x.shape[0] / BATCH_SIZE
+        if seconds:
+            self.work(seconds)
         out: torch.Tensor = self.layers(x)
         return out
 
@@ -112,15 +155,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=300, help="train until this step")
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
     parser.add_argument("--checkpoint-every", type=int, default=10)
-    parser.add_argument("--step-seconds", type=float, default=0.1, help="simulated compute")
+    parser.add_argument("--step-seconds", type=float, default=0.1, help="compute per step")
     parser.add_argument(
-        "--jitter", type=float, default=0.0, help="compute varies by +- this share per step"
+        "--compute-share",
+        type=_share,
+        default=0.25,
+        help="share of the compute that is real matmuls, the rest a sleep (0-1, default 0.25)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seeds the jitter")
+    parser.add_argument(
+        "--noise",
+        default="default",
+        help='a healthy job\'s noise: "default", "none" or key=value overrides '
+        '("sigma=0.05,neighbour_node=node-b"; trainguard.demo.noise.Noise)',
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seeds the noise")
     parser.add_argument("--data-seconds", type=float, default=0.0, help="simulated data loading")
     parser.add_argument("--faults", default=DEFAULT_PLAN, help='fault plan ("" for none)')
     parser.add_argument("--spans-dir", type=Path, help="also write spans as JSON lines here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.noise = Noise.parse(args.noise, seed=args.seed)
+    except NoiseError as error:
+        parser.error(str(error))
+    return args
+
+
+def _share(text: str) -> float:
+    share = float(text)
+    if not 0.0 <= share <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
+    return share
 
 
 def batch(step: int, rank: int) -> torch.Tensor:
@@ -145,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     sabotage = Sabotage(batch, args.step_seconds, args.data_seconds, BATCH_SIZE)
-    net = DemoNet(sabotage, args.jitter, seed=args.seed * 1_000_003 + rank * 1009 + restart)
+    noise: Noise = args.noise
+    net = DemoNet(sabotage, Work.for_job(args.compute_share))
     model = DistributedDataParallel(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     step = checkpoints.load(model.module, optimizer)
@@ -194,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     while step < args.steps:
         elapsed = time.time() - job_started
         inject(plan, ledger, rank, node, elapsed, sabotage)
+        # A whole-job pause (a collection, an evaluation) between steps, on every rank at once.
+        pause = noise.pause_seconds(step)
+        if pause:
+            time.sleep(pause)
+        net.noise_factor = noise.compute_factor(step, rank) * noise.neighbour_factor(node, elapsed)
         optimizer.zero_grad(set_to_none=True)
         if logs is not None:
             logs.set_step(step)
