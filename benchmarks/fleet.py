@@ -20,6 +20,9 @@ the gradient sync, the step time (equal on every rank: the slowest rank's comput
 exposed communication), gradient sync time and bytes, collectives launched and completed, the
 odd collective caught in flight, ``trainguard_step`` and the last step's timestamp, and memory
 gauges of a GPU with 80 GiB. Counters and histograms start at zero, as in fresh processes.
+``--noise`` drives the ranks' compute with the demo trainer's healthy noise model instead
+(``trainguard.demo.noise``: its factor per step and rank on forward and backward, its whole-job
+pauses in every rank's data wait, its noisy neighbour's bursts on one node).
 
 Two faults start together on ``POST /faults``: the slowed rank's forward and backward take
 ``--slow-factor`` times longer (so its compute time does, and every rank's step time follows
@@ -75,6 +78,7 @@ from benchmarks.fleet_template import (
     rank_identity,
 )
 from trainguard import contract
+from trainguard.demo.noise import Noise
 
 GIB = 1024.0**3
 
@@ -143,6 +147,7 @@ class Fleet:
         stall_floor_seconds: float = 30.0,
         seed: int = 0,
         start: float | None = None,
+        noise: Noise | None = None,
     ) -> None:
         if not 0 <= slow_rank < ranks or not 0 <= hung_rank < ranks or slow_rank == hung_rank:
             raise FleetError(f"slow rank {slow_rank} and hung rank {hung_rank} of {ranks} ranks")
@@ -154,7 +159,9 @@ class Fleet:
         self.workload = workload or Workload()
         self.stall_floor_seconds = stall_floor_seconds
         self.rng = np.random.default_rng(seed)
+        self.noise = noise
         self.identities = [rank_identity(job_id, i) for i in range(ranks)]
+        self._nodes = [ids[contract.LABEL_NODE] for ids in self.identities]
         self._identity_values = [tuple(ids[k] for k in PER_RANK_LABELS) for ids in self.identities]
         self.values: Matrix = np.tile(np.array(template.initial, dtype=np.float64), (ranks, 1))
         self.steps = 0
@@ -164,7 +171,8 @@ class Fleet:
         self._find_slots()
         self._reset()
         now = time.time() if start is None else start
-        self._next = self._draw()
+        self.started_at = now
+        self._next = self._draw(now)
         self.next_step_at = now + self._next.job_step
 
     # Slots of the simulated series; None where the exposition does not have them.
@@ -244,17 +252,22 @@ class Fleet:
             contract.MEMORY_FRAGMENTATION, (w.memory_reserved - allocated) / w.memory_reserved
         )
 
-    def _draw(self) -> _Draw:
-        """The durations of the next step: per-rank jitter, the slowed rank slower once faults
-        run, and the wait for the slowest live rank."""
+    def _draw(self, at: float) -> _Draw:
+        """The durations of the next step (starting ``at``): per-rank jitter, or the healthy
+        noise model where the fleet has one (then its compute factor on forward and backward,
+        its whole-job pauses in every rank's data wait), the slowed rank slower once faults run,
+        and the wait for the slowest live rank."""
         w, n = self.workload, self.ranks
-        factors = self.rng.lognormal(0.0, w.jitter, size=(4, n)) * w.step_seconds
-        slow = np.ones(n)
+        jitter = 0.0 if self.noise is not None else w.jitter
+        factors = self.rng.lognormal(0.0, jitter, size=(4, n)) * w.step_seconds
+        slow = self._noise_factors(at) if self.noise is not None else np.ones(n)
         live = np.ones(n, dtype=bool)
         if self.faults_at is not None:
-            slow[self.slow_rank] = w.slow_factor
+            slow[self.slow_rank] *= w.slow_factor
             live[self.hung_rank] = False
         data = w.data * factors[0]
+        if self.noise is not None:
+            data += self.noise.pause_seconds(self.steps + 1)
         forward = w.forward * factors[1] * slow
         backward = w.backward * factors[2] * slow
         optimizer = w.optimizer * factors[3]
@@ -273,6 +286,19 @@ class Fleet:
             step=step,
             grad_sync=sync_wait + w.sync_overlap * backward,
             job_step=float(np.max(step, where=live, initial=0.0)),
+        )
+
+    def _noise_factors(self, at: float) -> Matrix:
+        """Each rank's compute factor for the next step under the noise model."""
+        noise = self.noise
+        assert noise is not None
+        step, elapsed = self.steps + 1, at - self.started_at
+        busy = noise.neighbour_factor(noise.neighbour_node or "", elapsed)
+        return np.array(
+            [
+                noise.compute_factor(step, rank) * (busy if node == noise.neighbour_node else 1.0)
+                for rank, node in enumerate(self._nodes)
+            ]
         )
 
     def _observe(self, name: str, observed: Matrix) -> None:
@@ -315,7 +341,7 @@ class Fleet:
         """Complete every step due by ``now``."""
         while self.next_step_at <= now:
             self._complete(self._next, self.next_step_at)
-            self._next = self._draw()
+            self._next = self._draw(self.next_step_at)
             self.next_step_at += self._next.job_step
 
     def start_faults(self, now: float) -> float:
@@ -335,7 +361,7 @@ class Fleet:
         hung = self.values[self.hung_rank]
         self._frozen = hung.copy()
         # The steps in progress were drawn before the faults: draw the next one with them.
-        self._next = self._draw()
+        self._next = self._draw(now)
         self.next_step_at = now + self._next.job_step
         return now
 
@@ -404,6 +430,7 @@ def build(args: argparse.Namespace) -> Fleet:
         workload=Workload(step_seconds=args.step_seconds, slow_factor=args.slow_factor),
         stall_floor_seconds=captured.stall_floor_seconds,
         seed=args.seed,
+        noise=None if args.noise is None else Noise.parse(args.noise, seed=args.seed),
     )
 
 
@@ -493,6 +520,12 @@ def _arguments(argv: Iterable[str] | None) -> argparse.Namespace:
         p.add_argument("--slow-rank", type=int, default=None)
         p.add_argument("--hung-rank", type=int, default=None)
         p.add_argument("--seed", type=int, default=0)
+        p.add_argument(
+            "--noise",
+            default=None,
+            help="drive the ranks' compute with the healthy noise model (trainguard.demo.noise: "
+            '"default" or key=value overrides) instead of the lognormal phase jitter',
+        )
         if name == "serve":
             p.add_argument("--host", default="127.0.0.1")
             p.add_argument("--port", type=int, default=0)

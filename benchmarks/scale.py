@@ -68,7 +68,7 @@ import httpx
 import psutil
 import yaml
 
-from benchmarks.harness.processes import Children, RunError, free_port, wait_for
+from benchmarks.harness.processes import Children, RunError, free_port, read_json, wait_for
 from benchmarks.harness.prometheus import Api
 from benchmarks.scale_config import (
     ROOT,
@@ -249,9 +249,7 @@ class Run:
             cwd=ROOT,
         )  # fmt: skip
         procs.append(fleet)
-        ready = wait_for(
-            "the fleet", lambda: _read_json(ready_file), self.within_budget(300), fleet
-        )
+        ready = wait_for("the fleet", lambda: read_json(ready_file), self.within_budget(300), fleet)
         r.slow_rank, r.hung_rank = ready["slow_rank"], ready["hung_rank"]
         fleet_url = f"http://{ready['address']}"
         address = f"127.0.0.1:{free_port()}"
@@ -381,14 +379,6 @@ class Run:
         r.rule_eval_s = sorted(rules, key=lambda rule: -rule[2])
         r.prometheus_rss_bytes = self.rss()
         r.prometheus_peak_rss_bytes = self.peak_rss
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data
 
 
 def _fleet_steps(url: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -80,3 +81,12 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float, *alive: A
         if time.monotonic() > deadline:
             raise RunError(f"not in {timeout:g} s: {what}")
         time.sleep(POLL_SECONDS)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file a child writes when it is ready; None until it is there and whole."""
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data

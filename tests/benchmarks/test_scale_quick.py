@@ -25,6 +25,7 @@ from benchmarks.fleet import Fleet, Workload
 from benchmarks.fleet_template import Template, capture, rank_identity
 from tests.alerts.tools import REPO, binary
 from trainguard import contract
+from trainguard.demo.noise import Noise
 
 LINE = re.compile(
     r"ranks=(\d+) head_series=(\d+) series_per_rank=(\d+\.\d) max_rule_eval_s=(\d+\.\d{3}) "
@@ -127,6 +128,37 @@ def test_ranks_advance_and_the_faults_slow_one_rank_and_hang_another(template: T
     assert _value(later[5], contract.COLLECTIVES_LAUNCHED.name, 5) < min(
         _value(later[rank], contract.COLLECTIVES_LAUNCHED.name, rank) for rank in healthy
     )
+
+
+def test_the_noise_model_drives_the_fleet_s_compute(template: Template) -> None:
+    # Rank 3 is the model's persistently slower rank; node-0001 (ranks 8-15) has a noisy
+    # neighbour that slows its ranks 2x in bursts.
+    noise = Noise(skewed_rank=3, skew=1.3, neighbour_node="node-0001", burst_factor=2.0)
+    ranks, horizon = 16, 600.0
+    fleet = Fleet(
+        template, ranks, JOB, slow_rank=2, hung_rank=5, workload=Workload(step_seconds=STEP),
+        start=0.0, noise=noise,
+    )  # fmt: skip
+    spec = contract.STEP_COMPUTE_DURATION
+
+    def compute_means(start: float, end: float) -> list[float]:
+        first = [_samples(fleet.render(rank, start)) for rank in range(ranks)]
+        last = [_samples(fleet.render(rank, end)) for rank in range(ranks)]
+        return [
+            (_value(last[r], spec.sum_name, r) - _value(first[r], spec.sum_name, r))
+            / (_value(last[r], spec.count_name, r) - _value(first[r], spec.count_name, r))
+            for r in range(ranks)
+        ]
+
+    burst = noise.bursts(horizon)[1]
+    quiet_before = burst.start - 30.0
+    means = compute_means(quiet_before - 25.0, quiet_before)
+    others = sorted(m for r, m in enumerate(means) if r != 3)
+    assert means[3] / others[len(others) // 2] == pytest.approx(1.3, abs=0.1)
+    inside = compute_means(burst.start + 1.0, burst.start + burst.seconds - 1.0)
+    neighbours = [inside[r] for r in range(8, 16)]
+    quiet = [inside[r] for r in range(8) if r != 3]
+    assert min(neighbours) > 1.6 * max(quiet)
 
 
 def test_an_unreadable_exposition_is_a_clear_error() -> None:
