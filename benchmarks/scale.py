@@ -244,7 +244,8 @@ class Run:
             [sys.executable, "-m", "benchmarks.fleet", "serve", "--ranks", str(self.ranks),
              "--job-id", f"scale-{self.ranks}", "--file-sd", str(targets),
              "--ready-file", str(ready_file), "--step-seconds", str(s.step_seconds),
-             "--slow-factor", str(s.slow_factor)],
+             "--slow-factor", str(s.slow_factor),
+             *(["--noise", s.noise] if s.noise else [])],
             work / "fleet.log",
             cwd=ROOT,
         )  # fmt: skip
@@ -445,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         settle_s=args.settle,
         step_seconds=args.step_seconds,
         slow_factor=args.slow_factor,
+        noise=args.noise,
         max_rss_bytes=args.max_rss_gb * 2**30,
         ends_at=time.monotonic() + 60 * args.time_budget,
         workdir=args.workdir,
@@ -544,6 +546,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--step-seconds", type=float, default=1.0)
     parser.add_argument("--slow-factor", type=float, default=1.8)
+    parser.add_argument(
+        "--noise",
+        default=None,
+        help="drive the fleet with the healthy noise model (benchmarks.fleet --noise)",
+    )
     parser.add_argument("--max-rss-gb", type=float, default=16.0)
     parser.add_argument("--workdir", type=Path, default=None, help="parent of the temp folders")
     parser.add_argument("--keep", action="store_true", help="keep each size's folder (logs)")

@@ -43,6 +43,8 @@ class Settings:
     # the same offsets between its groups (a chain of groups lags the same at every size).
     rule_files: tuple[Path, ...] = ()
     alert_for_s: tuple[tuple[str, float], ...] = ()
+    # The fleet's healthy noise (benchmarks.fleet --noise), or None for its phase jitter.
+    noise: str | None = None
 
 
 def shipped_config() -> dict[str, Any]:
