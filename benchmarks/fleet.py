@@ -148,6 +148,7 @@ class Fleet:
         seed: int = 0,
         start: float | None = None,
         noise: Noise | None = None,
+        first_node: int = 0,
     ) -> None:
         if not 0 <= slow_rank < ranks or not 0 <= hung_rank < ranks or slow_rank == hung_rank:
             raise FleetError(f"slow rank {slow_rank} and hung rank {hung_rank} of {ranks} ranks")
@@ -160,12 +161,13 @@ class Fleet:
         self.stall_floor_seconds = stall_floor_seconds
         self.rng = np.random.default_rng(seed)
         self.noise = noise
-        self.identities = [rank_identity(job_id, i) for i in range(ranks)]
+        self.identities = [rank_identity(job_id, i, first_node) for i in range(ranks)]
         self._nodes = [ids[contract.LABEL_NODE] for ids in self.identities]
         self._identity_values = [tuple(ids[k] for k in PER_RANK_LABELS) for ids in self.identities]
         self.values: Matrix = np.tile(np.array(template.initial, dtype=np.float64), (ranks, 1))
         self.steps = 0
         self.faults_at: float | None = None
+        self.hanging = False  # whether the faults hung a rank (start_faults' hang)
         self._frozen: Matrix | None = None
         self._stall_counted = False
         self._find_slots()
@@ -264,6 +266,7 @@ class Fleet:
         live = np.ones(n, dtype=bool)
         if self.faults_at is not None:
             slow[self.slow_rank] *= w.slow_factor
+        if self.hanging:
             live[self.hung_rank] = False
         data = w.data * factors[0]
         if self.noise is not None:
@@ -344,13 +347,18 @@ class Fleet:
             self._next = self._draw(self.next_step_at)
             self.next_step_at += self._next.job_step
 
-    def start_faults(self, now: float) -> float:
-        """Slow one rank and hang another from ``now``; returns when the faults started (the
-        first call's time: faults start once)."""
+    def start_faults(self, now: float, hang: bool = True) -> float:
+        """Slow one rank and hang another (unless not ``hang``) from ``now``; returns when the
+        faults started (the first call's time: faults start once)."""
         self.advance(now)
         if self.faults_at is not None:
             return self.faults_at
         self.faults_at = now
+        if not hang:
+            self._next = self._draw(now)
+            self.next_step_at = now + self._next.job_step
+            return now
+        self.hanging = True
         # It launched the step's first collective, which never completes.
         for spec, value in (
             (contract.COLLECTIVES_LAUNCHED, self._hung_value(contract.COLLECTIVES_LAUNCHED) + 1.0),
@@ -379,7 +387,7 @@ class Fleet:
     def render(self, rank: int, now: float) -> bytes:
         """Rank ``rank``'s exposition at ``now``."""
         self.advance(now)
-        if rank == self.hung_rank and self.faults_at is not None:
+        if rank == self.hung_rank and self.hanging:
             self._hung_age(now)
         return self.template.render(self.values[rank].tolist(), self._identity_values[rank])
 
@@ -393,14 +401,15 @@ class Fleet:
             "faults_at": self.faults_at,
         }
 
-    def file_sd(self, address: str) -> list[dict[str, Any]]:
-        """One file_sd target group per rank: its path on the fleet's address, and the labels a
-        rank's own file_sd entry carries (identity), with an ``instance`` of its own."""
+    def file_sd(self, address: str, path_prefix: str = "") -> list[dict[str, Any]]:
+        """One file_sd target group per rank: its path on the fleet's address (under
+        ``path_prefix``), and the labels a rank's own file_sd entry carries (identity), with an
+        ``instance`` of its own."""
         return [
             {
                 "targets": [address],
                 "labels": {
-                    "__metrics_path__": f"/ranks/{i}/metrics",
+                    "__metrics_path__": f"{path_prefix}/ranks/{i}/metrics",
                     "instance": f"{ids[contract.LABEL_NODE]}:{9400 + i % GPUS_PER_NODE}",
                     **ids,
                 },

@@ -36,7 +36,7 @@ import yaml
 from benchmarks.harness.processes import Children, RunError, free_port, read_json, wait_for
 from benchmarks.harness.prometheus import Api
 from benchmarks.scale import stopping
-from benchmarks.scale_config import ROOT, Settings, prometheus_config, write_rules
+from benchmarks.scale_config import ROOT, prometheus_config, watching_settings, write_rules
 from trainguard import contract
 
 # The noisy neighbour sits on the fleet's second node (ranks 8-15).
@@ -125,20 +125,7 @@ def _watch(
     )  # fmt: skip
     wait_for("the fleet", lambda: read_json(ready_file), 300, fleet)
     address = f"127.0.0.1:{free_port()}"
-    settings = Settings(
-        scrape_interval=args.scrape_interval,
-        eval_interval=args.eval_interval,
-        for_cap=None,
-        warmup_s=0.0,
-        alert_margin_s=0.0,
-        settle_s=0.0,
-        step_seconds=args.step_seconds,
-        slow_factor=1.0,
-        max_rss_bytes=0.0,
-        workdir=args.workdir,
-        keep=args.keep,
-        ends_at=0.0,
-    )
+    settings = watching_settings(args.scrape_interval, args.eval_interval, args.workdir, args.keep)
     config = prometheus_config(settings, targets, rules, address)
     (work / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     prometheus = children.start(

@@ -25,8 +25,14 @@ import numpy.typing as npt
 
 from trainguard import contract
 
-# The labels a rank's identity is made of besides its job's id (shared by every rank).
-PER_RANK_LABELS = (contract.LABEL_RANK, contract.LABEL_LOCAL_RANK, contract.LABEL_NODE)
+# The labels a rank's identity is made of, filled in per rank (the job's id too: one captured
+# template serves the ranks of many jobs).
+PER_RANK_LABELS = (
+    contract.LABEL_JOB_ID,
+    contract.LABEL_RANK,
+    contract.LABEL_LOCAL_RANK,
+    contract.LABEL_NODE,
+)
 
 
 _IDENTITY = frozenset(contract.RANK_IDENTITY_LABELS)
@@ -55,13 +61,14 @@ class Capture:
     stall_floor_seconds: float
 
 
-def rank_identity(job_id: str, rank: int) -> dict[str, str]:
-    """The identity labels of simulated rank ``rank`` (8 GPUs per node)."""
+def rank_identity(job_id: str, rank: int, first_node: int = 0) -> dict[str, str]:
+    """The identity labels of simulated rank ``rank`` (8 GPUs per node, the job's nodes
+    numbered from ``first_node``)."""
     return {
         contract.LABEL_JOB_ID: job_id,
         contract.LABEL_RANK: str(rank),
         contract.LABEL_LOCAL_RANK: str(rank % GPUS_PER_NODE),
-        contract.LABEL_NODE: f"node-{rank // GPUS_PER_NODE:04d}",
+        contract.LABEL_NODE: f"node-{first_node + rank // GPUS_PER_NODE:04d}",
     }
 
 

@@ -47,6 +47,27 @@ class Settings:
     noise: str | None = None
 
 
+def watching_settings(
+    scrape_interval: str | None, eval_interval: str | None, workdir: Path | None, keep: bool
+) -> Settings:
+    """Settings for a run that watches the shipped rules on a fleet of its own (every ``for``
+    as shipped; none of the scale benchmark's faults, budget or bounds)."""
+    return Settings(
+        scrape_interval=scrape_interval,
+        eval_interval=eval_interval,
+        for_cap=None,
+        warmup_s=0.0,
+        alert_margin_s=0.0,
+        settle_s=0.0,
+        step_seconds=0.0,
+        slow_factor=1.0,
+        max_rss_bytes=0.0,
+        workdir=workdir,
+        keep=keep,
+        ends_at=0.0,
+    )
+
+
 def shipped_config() -> dict[str, Any]:
     config: dict[str, Any] = yaml.safe_load(SHIPPED_CONFIG.read_text())
     return config
