@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from trainguard.demo.config import DemoConfig, Ports
+from trainguard.demo.config import DemoConfig, Ports, compute_share
 from trainguard.demo.faults import DEFAULT_PLAN, parse_plan
 
 
@@ -19,6 +19,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--faults", default=DEFAULT_PLAN, help="fault plan (see demo.faults)")
     parser.add_argument("--steps", type=int, default=DemoConfig.steps)
     parser.add_argument("--step-seconds", type=float, default=DemoConfig.step_seconds)
+    parser.add_argument(
+        "--compute-share",
+        type=compute_share,
+        default=DemoConfig.compute_share,
+        help="share of each step's compute that is real matmuls, the rest a sleep (0-1)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after (s)")
     parser.add_argument("--keep-running", action="store_true", help="leave the stack up")
     defaults = Ports()
@@ -36,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         ports=ports,
         steps=args.steps,
         step_seconds=args.step_seconds,
+        compute_share=args.compute_share,
         faults=args.faults,
     )
     if cfg.workdir.exists():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,9 @@ class DemoConfig:
     ports: Ports = field(default_factory=Ports)
     steps: int = 700
     step_seconds: float = 0.1
+    # Share of each step's compute done as real matmuls (the rest a sleep): the trainer's
+    # --compute-share.
+    compute_share: float = 0.25
     faults: str = ""
     straggler_exclude_after_seconds: float = 3.0
     spans: bool = True
@@ -56,3 +60,11 @@ class DemoConfig:
 
     def url(self, service: str) -> str:
         return f"http://127.0.0.1:{getattr(self.ports, service)}"
+
+
+def compute_share(text: str) -> float:
+    """A ``--compute-share`` argument: a share between 0 and 1."""
+    share = float(text)
+    if not 0.0 <= share <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
+    return share

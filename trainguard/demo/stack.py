@@ -437,6 +437,7 @@ class Stack:
             rendezvous_port=cfg.ports.rendezvous,
             metrics_port=cfg.ports.metrics,
             spans_dir=cfg.spans_dir if cfg.spans else None,
+            trainer_args=("--compute-share", str(cfg.compute_share)),
         )
 
     def start_training(self, job: TrainingJob | None = None) -> list[str]:

@@ -42,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import trainguard
 from trainguard import contract
+from trainguard.demo.config import compute_share
 from trainguard.demo.faults import DEFAULT_PLAN, Fault, FaultLedger, parse_plan
 from trainguard.demo.noise import Noise, NoiseError
 from trainguard.demo.sabotage import Sabotage
@@ -158,7 +159,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-seconds", type=float, default=0.1, help="compute per step")
     parser.add_argument(
         "--compute-share",
-        type=_share,
+        type=compute_share,
         default=0.25,
         help="share of the compute that is real matmuls, the rest a sleep (0-1, default 0.25)",
     )
@@ -178,13 +179,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except NoiseError as error:
         parser.error(str(error))
     return args
-
-
-def _share(text: str) -> float:
-    share = float(text)
-    if not 0.0 <= share <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 1")
-    return share
 
 
 def batch(step: int, rank: int) -> torch.Tensor:
