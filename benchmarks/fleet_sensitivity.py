@@ -266,8 +266,10 @@ def plot(summary: dict[str, Any], horizon_s: float, path: Path) -> Path | None:
         delay.legend()
     per_1000 = summary["false_alerts_per_1000_rank_hours"]
     fig.suptitle(
-        "TrainingStraggler at the shipped defaults, fleet with the noise model; healthy jobs: "
-        + ("-" if per_1000 is None else f"{per_1000:.2f} false alerts per 1,000 rank-hours")
+        "TrainingStraggler at the shipped defaults, simulated jobs with the noise model\n"
+        "healthy jobs: "
+        + ("-" if per_1000 is None else f"{per_1000:.2f} false alerts per 1,000 rank-hours"),
+        fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(path)
