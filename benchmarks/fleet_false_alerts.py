@@ -31,12 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from benchmarks.harness.processes import Children, RunError, free_port, read_json, wait_for
+from benchmarks.harness.processes import Children, RunError, read_json, wait_for
 from benchmarks.harness.prometheus import Api
 from benchmarks.scale import stopping
-from benchmarks.scale_config import ROOT, prometheus_config, watching_settings, write_rules
+from benchmarks.scale_config import ROOT, start_watched_prometheus, wait_all_up
 from trainguard import contract
 
 # The noisy neighbour sits on the fleet's second node (ranks 8-15).
@@ -94,12 +92,9 @@ def rate_line(rank_hours: float, false_alerts: int) -> str:
 
 
 def run(args: argparse.Namespace, children: Children, stop: threading.Event) -> Tally:
-    prometheus_bin = shutil.which("prometheus")
-    if prometheus_bin is None:
-        raise RunError("prometheus is not installed (Debian: apt-get install prometheus)")
     work = Path(tempfile.mkdtemp(prefix="fleet-false-alerts-", dir=args.workdir))
     try:
-        return _watch(args, work, prometheus_bin, children, stop)
+        return _watch(args, work, children, stop)
     finally:
         children.stop()
         if not args.keep:
@@ -107,13 +102,8 @@ def run(args: argparse.Namespace, children: Children, stop: threading.Event) -> 
 
 
 def _watch(
-    args: argparse.Namespace,
-    work: Path,
-    prometheus_bin: str,
-    children: Children,
-    stop: threading.Event,
+    args: argparse.Namespace, work: Path, children: Children, stop: threading.Event
 ) -> Tally:
-    rules, _ = write_rules(work, for_cap=None)
     targets, ready_file = work / "targets.json", work / "fleet.json"
     fleet = children.start(
         [sys.executable, "-m", "benchmarks.fleet", "serve", "--ranks", str(args.ranks),
@@ -124,26 +114,13 @@ def _watch(
         cwd=ROOT,
     )  # fmt: skip
     wait_for("the fleet", lambda: read_json(ready_file), 300, fleet)
-    address = f"127.0.0.1:{free_port()}"
-    settings = watching_settings(args.scrape_interval, args.eval_interval, args.workdir, args.keep)
-    config = prometheus_config(settings, targets, rules, address)
-    (work / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    prometheus = children.start(
-        [prometheus_bin, f"--config.file={work / 'prometheus.yml'}",
-         f"--storage.tsdb.path={work / 'data'}", f"--web.listen-address={address}"],
-        work / "prometheus.log",
-    )  # fmt: skip
+    prometheus, address = start_watched_prometheus(
+        children, work, targets, args.scrape_interval, args.eval_interval
+    )
     tally = Tally()
     with Api(address) as api:
         wait_for("prometheus ready", api.ready, 120, prometheus)
-        up = f'count(up{{job="{contract.SCRAPE_JOB_RANKS}"}} == 1)'
-        wait_for(
-            f"all {args.ranks} targets up",
-            lambda: (api.scalar(up) or 0) >= args.ranks or None,
-            300,
-            fleet,
-            prometheus,
-        )
+        wait_all_up(api, args.ranks, 300, fleet, prometheus)
         log(f"all {args.ranks} targets up; watching for {args.minutes:g} min")
         started = time.monotonic()
         next_report = started + 60.0

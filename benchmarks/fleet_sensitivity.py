@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -49,11 +48,11 @@ from starlette.routing import Route
 
 from benchmarks.fleet import Fleet, Workload
 from benchmarks.fleet_template import GPUS_PER_NODE, Template, capture
-from benchmarks.harness.processes import Children, RunError, free_port, wait_for
+from benchmarks.harness.processes import Children, RunError, wait_for
 from benchmarks.harness.prometheus import Api
 from benchmarks.harness.stats import percentile
 from benchmarks.scale import stopping
-from benchmarks.scale_config import prometheus_config, watching_settings, write_rules
+from benchmarks.scale_config import start_watched_prometheus, wait_all_up
 from trainguard import contract
 from trainguard.demo.noise import Noise
 
@@ -278,9 +277,6 @@ def plot(summary: dict[str, Any], horizon_s: float, path: Path) -> Path | None:
 
 
 def run(args: argparse.Namespace, children: Children, stop: threading.Event) -> dict[str, Any]:
-    prometheus_bin = shutil.which("prometheus")
-    if prometheus_bin is None:
-        raise RunError("prometheus is not installed (Debian: apt-get install prometheus)")
     noise = Noise.parse(args.noise.replace("{neighbour}", "node-0001"), seed=args.seed)
     log("capturing a rank's exposition")
     captured = capture(args.ranks_per_job, "capture")
@@ -301,18 +297,9 @@ def run(args: argparse.Namespace, children: Children, stop: threading.Event) -> 
     )
     serving.start()
     try:
-        rules, _ = write_rules(work, for_cap=None)
-        prom_address = f"127.0.0.1:{free_port()}"
-        settings = watching_settings(
-            args.scrape_interval, args.eval_interval, args.workdir, args.keep
+        prometheus, prom_address = start_watched_prometheus(
+            children, work, targets, args.scrape_interval, args.eval_interval
         )
-        config = prometheus_config(settings, targets, rules, prom_address)
-        (work / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-        prometheus = children.start(
-            [prometheus_bin, f"--config.file={work / 'prometheus.yml'}",
-             f"--storage.tsdb.path={work / 'data'}", f"--web.listen-address={prom_address}"],
-            work / "prometheus.log",
-        )  # fmt: skip
         with Api(prom_address) as api:
             return _watch(args, api, jobs, ranks, prometheus, stop)
     finally:
@@ -332,13 +319,7 @@ def _watch(
     stop: threading.Event,
 ) -> dict[str, Any]:
     wait_for("prometheus ready", api.ready, 120, prometheus)
-    up = f'count(up{{job="{contract.SCRAPE_JOB_RANKS}"}} == 1)'
-    wait_for(
-        f"all {ranks} targets up",
-        lambda: (api.scalar(up) or 0) >= ranks or None,
-        600,
-        prometheus,
-    )
+    wait_all_up(api, ranks, 600, prometheus)
     log(f"{len(jobs.fleets)} jobs, {ranks} ranks up; warming up {args.warmup:g} s")
     began = time.time()
     warm_until = began + args.warmup

@@ -4,13 +4,16 @@ with their ``for`` durations capped for a run that must end."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from benchmarks.harness.processes import RunError
+from benchmarks.harness.processes import Children, RunError, free_port, wait_for
+from benchmarks.harness.prometheus import Api
 from trainguard import contract
 from trainguard.thresholds import duration_seconds
 
@@ -47,12 +50,21 @@ class Settings:
     noise: str | None = None
 
 
-def watching_settings(
-    scrape_interval: str | None, eval_interval: str | None, workdir: Path | None, keep: bool
-) -> Settings:
-    """Settings for a run that watches the shipped rules on a fleet of its own (every ``for``
-    as shipped; none of the scale benchmark's faults, budget or bounds)."""
-    return Settings(
+def start_watched_prometheus(
+    children: Children,
+    work: Path,
+    targets: Path,
+    scrape_interval: str | None,
+    eval_interval: str | None,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """The Debian ``prometheus`` on a fresh TSDB in ``work``: the shipped configuration and
+    rules, every ``for`` as shipped, its ranks' scrape job reading ``targets`` (the intervals
+    overridden where given). Returns the process and its address."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise RunError("prometheus is not installed (Debian: apt-get install prometheus)")
+    rules, _ = write_rules(work, for_cap=None)
+    settings = Settings(
         scrape_interval=scrape_interval,
         eval_interval=eval_interval,
         for_cap=None,
@@ -62,9 +74,26 @@ def watching_settings(
         step_seconds=0.0,
         slow_factor=1.0,
         max_rss_bytes=0.0,
-        workdir=workdir,
-        keep=keep,
+        workdir=None,
+        keep=False,
         ends_at=0.0,
+    )
+    address = f"127.0.0.1:{free_port()}"
+    config = prometheus_config(settings, targets, rules, address)
+    (work / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    proc = children.start(
+        [binary, f"--config.file={work / 'prometheus.yml'}",
+         f"--storage.tsdb.path={work / 'data'}", f"--web.listen-address={address}"],
+        work / "prometheus.log",
+    )  # fmt: skip
+    return proc, address
+
+
+def wait_all_up(api: Api, ranks: int, timeout: float, *alive: subprocess.Popen[bytes]) -> None:
+    """Until every one of ``ranks`` targets of the ranks' scrape job is up."""
+    up = f'count(up{{job="{contract.SCRAPE_JOB_RANKS}"}} == 1)'
+    wait_for(
+        f"all {ranks} targets up", lambda: (api.scalar(up) or 0) >= ranks or None, timeout, *alive
     )
 
 
