@@ -354,20 +354,17 @@ class Fleet:
         if self.faults_at is not None:
             return self.faults_at
         self.faults_at = now
-        if not hang:
-            self._next = self._draw(now)
-            self.next_step_at = now + self._next.job_step
-            return now
-        self.hanging = True
-        # It launched the step's first collective, which never completes.
-        for spec, value in (
-            (contract.COLLECTIVES_LAUNCHED, self._hung_value(contract.COLLECTIVES_LAUNCHED) + 1.0),
-            (contract.COLLECTIVE_INFLIGHT, 1.0),
-            (contract.COLLECTIVE_OLDEST_INFLIGHT, 0.0),
-        ):
-            self._set_hung(spec, value)
-        hung = self.values[self.hung_rank]
-        self._frozen = hung.copy()
+        if hang:
+            self.hanging = True
+            # It launched the step's first collective, which never completes.
+            launched = self._hung_value(contract.COLLECTIVES_LAUNCHED) + 1.0
+            for spec, value in (
+                (contract.COLLECTIVES_LAUNCHED, launched),
+                (contract.COLLECTIVE_INFLIGHT, 1.0),
+                (contract.COLLECTIVE_OLDEST_INFLIGHT, 0.0),
+            ):
+                self._set_hung(spec, value)
+            self._frozen = self.values[self.hung_rank].copy()
         # The steps in progress were drawn before the faults: draw the next one with them.
         self._next = self._draw(now)
         self.next_step_at = now + self._next.job_step

@@ -254,7 +254,7 @@ class Run:
         r.slow_rank, r.hung_rank = ready["slow_rank"], ready["hung_rank"]
         fleet_url = f"http://{ready['address']}"
         address = f"127.0.0.1:{free_port()}"
-        config = prometheus_config(s, targets, rules, address)
+        config = prometheus_config(s.scrape_interval, s.eval_interval, targets, rules, address)
         r.intervals = {
             "scrape_ranks": config["scrape_configs"][0].get(
                 "scrape_interval", config["global"]["scrape_interval"]

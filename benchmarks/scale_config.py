@@ -64,22 +64,8 @@ def start_watched_prometheus(
     if binary is None:
         raise RunError("prometheus is not installed (Debian: apt-get install prometheus)")
     rules, _ = write_rules(work, for_cap=None)
-    settings = Settings(
-        scrape_interval=scrape_interval,
-        eval_interval=eval_interval,
-        for_cap=None,
-        warmup_s=0.0,
-        alert_margin_s=0.0,
-        settle_s=0.0,
-        step_seconds=0.0,
-        slow_factor=1.0,
-        max_rss_bytes=0.0,
-        workdir=None,
-        keep=False,
-        ends_at=0.0,
-    )
     address = f"127.0.0.1:{free_port()}"
-    config = prometheus_config(settings, targets, rules, address)
+    config = prometheus_config(scrape_interval, eval_interval, targets, rules, address)
     (work / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     proc = children.start(
         [binary, f"--config.file={work / 'prometheus.yml'}",
@@ -134,21 +120,25 @@ def write_rules(folder: Path, for_cap: str | None) -> tuple[list[Path], dict[str
 
 
 def prometheus_config(
-    settings: Settings, targets: Path, rules: list[Path], address: str
+    scrape_interval: str | None,
+    eval_interval: str | None,
+    targets: Path,
+    rules: list[Path],
+    address: str,
 ) -> dict[str, Any]:
     """The shipped configuration for this run: its intervals, its ranks' scrape job reading
     ``targets``, a self-scrape job and ``rules``; no exporters, no Alertmanager."""
     shipped = shipped_config()
     global_ = dict(shipped["global"])
-    if settings.scrape_interval:
-        global_["scrape_interval"] = settings.scrape_interval
-    if settings.eval_interval:
-        global_["evaluation_interval"] = settings.eval_interval
+    if scrape_interval:
+        global_["scrape_interval"] = scrape_interval
+    if eval_interval:
+        global_["evaluation_interval"] = eval_interval
     ranks = next(j for j in shipped["scrape_configs"] if j["job_name"] == contract.SCRAPE_JOB_RANKS)
     ranks = {k: v for k, v in ranks.items() if not k.endswith("_sd_configs")}
     ranks["file_sd_configs"] = [{"files": [str(targets)]}]
-    if settings.scrape_interval:
-        ranks["scrape_interval"] = settings.scrape_interval
+    if scrape_interval:
+        ranks["scrape_interval"] = scrape_interval
     return {
         "global": global_,
         "rule_files": [str(path) for path in rules],
