@@ -78,7 +78,7 @@ class FakePrometheus:
                 return [Sample({}, max(steps))] if steps else []
             if expr.startswith("sum(increase("):
                 name = expr.removeprefix("sum(increase(").split("{")[0]
-                seconds = float(re.findall(r"\[(\d+)s\]", expr)[-1])
+                seconds = float(re.findall(r"\[(\d+)ms\]", expr)[-1]) / 1000
                 counted = sum(n for when, n in self.events.get(name, []) if at - seconds <= when)
                 return [Sample({}, counted)]
             if expr.startswith(f"max({contract.ELASTIC_RESTARTS.name}"):

@@ -201,7 +201,7 @@ def test_events_are_counted_over_the_alerts_subject_since_the_repair() -> None:
         "2 new TrainingOOM event(s) (trainguard_oom_events_total)"
     ]
     (query, _) = prometheus.queries[-1]
-    assert query == 'sum(increase(trainguard_oom_events_total{job_id="j1"}[60s]))'
+    assert query == 'sum(increase(trainguard_oom_events_total{job_id="j1"}[60000ms]))'
     # An Xid has no job: its node and GPU are its subject.
     xid = _open(
         AlertFacts(2, "GpuXidError", {"node": "n1", "gpu": "3"}, AlertStatus.FIRING, DETECTED_AT),
@@ -209,7 +209,7 @@ def test_events_are_counted_over_the_alerts_subject_since_the_repair() -> None:
     )
     judge.new_events(xid, list(xid.alerts), repaired + 60)
     (query, _) = prometheus.queries[-1]
-    assert query == 'sum(increase(trainguard_gpu_xid_errors_total{node="n1",gpu="3"}[60s]))'
+    assert query == 'sum(increase(trainguard_gpu_xid_errors_total{node="n1",gpu="3"}[60000ms]))'
 
 
 def test_an_incident_whose_job_ended_normally_closes_with_the_jobs_outcome(

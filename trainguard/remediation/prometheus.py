@@ -85,6 +85,12 @@ def _seconds(span: float) -> str:
     return f"{max(1, math.ceil(span))}s"
 
 
+def _after(span: float) -> str:
+    """The range of the last ``span`` seconds, to the millisecond, as PromQL writes it: the
+    samples after an instant, none from before it."""
+    return f"{max(1, math.floor(span * 1000))}ms"
+
+
 class Reads:
     """The verifier's questions to Prometheus about a job, its ranks and an alert."""
 
@@ -145,9 +151,13 @@ class Reads:
         return min((s.value for s in found), default=None)
 
     def increase(self, counter: str, scope: Mapping[str, str], since: float, at: float) -> float:
-        """How much ``counter`` rose over ``scope`` from ``since`` to ``at``: increase() counts
-        across a rank's restart (a counter reset) and not a series that appeared at 0."""
-        expr = f"sum(increase({selector(counter, **scope)}[{_seconds(at - since)}]))"
+        """How much ``counter`` rose over ``scope`` between the samples scraped after ``since``
+        and ``at``: increase() counts across a rank's restart (a counter reset) and not a series
+        that appeared at 0. An event counted by the first scrape after ``since`` happened
+        before it (the OOM a repair ends, scraped just after the repair) and is not counted;
+        a range rounded up to whole seconds would reach a sample from before ``since`` and
+        count it."""
+        expr = f"sum(increase({selector(counter, **scope)}[{_after(at - since)}]))"
         return self._one(expr, at) or 0.0
 
     def highest(self, gauge: str, scope: Mapping[str, str], at: float) -> float | None:
