@@ -199,6 +199,7 @@ class Fleet:
                 contract.COLLECTIVE_OLDEST_INFLIGHT, contract.COLLECTIVE_STALLS,
                 contract.GRAD_SYNC_BYTES, contract.MEMORY_ALLOCATED, contract.MEMORY_RESERVED,
                 contract.MEMORY_CAPACITY, contract.MEMORY_FRAGMENTATION,
+                contract.STEP_COMPUTE_SHARE,
             )
         }  # fmt: skip
 
@@ -240,6 +241,12 @@ class Fleet:
         ):  # fmt: skip
             self._set(spec, 0.0)
         w = self.workload
+        # The hook's recent compute share: the median over each rank's latest steps of
+        # compute / (compute + sync wait) (every step here, as on FSDP; on DDP the hook
+        # observes the steps DDP times).
+        self._recent = np.zeros((self.ranks, contract.RECENT_COMPUTE_OBSERVATIONS))
+        self._recent_seen = 0
+        self._set(contract.STEP_COMPUTE_SHARE, 0.0)
         self._set(contract.WORLD_SIZE, float(self.ranks))
         self._set(contract.RANK_INDEX, np.arange(self.ranks, dtype=np.float64))
         self._set(contract.MEMORY_CAPACITY, w.memory_capacity)
@@ -327,6 +334,11 @@ class Fleet:
             (contract.Phase.OPTIMIZER.value, d.optimizer),
         ):  # fmt: skip
             self._observe(name, observed)
+        window = contract.RECENT_COMPUTE_OBSERVATIONS
+        self._recent[:, self._recent_seen % window] = d.compute / (d.compute + d.sync_wait)
+        self._recent_seen += 1
+        filled = self._recent[:, : min(window, self._recent_seen)]
+        self._set(contract.STEP_COMPUTE_SHARE, np.median(filled, axis=1))
         self._add(contract.COLLECTIVES_LAUNCHED, float(w.collectives_per_step))
         self._add(contract.COLLECTIVES_COMPLETED, float(w.collectives_per_step))
         self._add(contract.GRAD_SYNC_BYTES, w.grad_bytes_per_step)

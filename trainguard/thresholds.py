@@ -59,6 +59,8 @@ class Thresholds:
     straggler_factor: float
     straggler_min_ranks: int
     straggler_for: str
+    straggler_recent_factor: float
+    straggler_recent_for: str
     collective_stall_floor_seconds: float
     collective_stall_step_multiplier: float
     collective_stall_for: str

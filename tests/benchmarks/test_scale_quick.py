@@ -110,6 +110,11 @@ def test_ranks_advance_and_the_faults_slow_one_rank_and_hang_another(template: T
     healthy = [rank for rank in range(RANKS) if rank not in (2, 5)]
     # The slowed rank computes longer than every healthy rank, by about the slow factor.
     assert compute_mean(2) > 1.5 * max(compute_mean(rank) for rank in healthy)
+    # ... and spends the largest share of its step on its own work (the hook's gauge): the
+    # others wait for it.
+    share = {r: _value(later[r], contract.STEP_COMPUTE_SHARE.name, r) for r in range(RANKS)}
+    assert share[2] > 1.5 * max(share[rank] for rank in healthy)
+    assert min(share[rank] for rank in healthy) > 0
     for rank in healthy:
         assert _value(later[rank], contract.STEPS.name, rank) > _value(
             at_fault[rank], contract.STEPS.name, rank

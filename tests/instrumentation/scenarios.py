@@ -259,6 +259,11 @@ def step_totals(
     return {name: value(registry, name, labels) for name in STRAGGLER_SERIES}
 
 
+# The straggler scenario's result: each rank's recent compute share as it ended (a level, not a
+# difference of totals).
+SHARE = "share"
+
+
 def assert_slow_rank_singled_out(
     totals: list[dict[str, float]], slow: int, injected: float
 ) -> None:
@@ -284,6 +289,11 @@ def assert_slow_rank_singled_out(
     assert compute_means[slow] == max(compute_means), compute_means
     assert compute_means[slow] >= max(others) + 0.5 * injected, (compute_means, injected)
     assert waits[slow] < min(w for rank, w in enumerate(waits) if rank != slow), waits
+    # The hook's fast signal agrees: the slow rank spends the largest share of its step on its
+    # own work (it waits least).
+    shares = [total[SHARE] for total in totals]
+    assert min(shares) > 0, shares
+    assert shares[slow] > max(v for rank, v in enumerate(shares) if rank != slow), shares
 
 
 def straggler(
@@ -322,8 +332,9 @@ def straggler(
     run(steps, 3)
     publish_last_timers(model, rank)
     after = totals()
+    share = value(registry, contract.STEP_COMPUTE_SHARE.name, labels_of(handle))
     handle.uninstrument()
-    return {name: after[name] - before[name] for name in after}
+    return {**{name: after[name] - before[name] for name in after}, SHARE: share}
 
 
 class _EventList(logging.Handler):

@@ -227,7 +227,10 @@ def sharded_training(
         "parallelism": handle.parallelism.value,
         "timing_source": handle.timing_source.value,
         "rank_info": rank_info(registry),
-        "straggler": {name: after[name] - before[name] for name in after},
+        "straggler": {
+            **{name: after[name] - before[name] for name in after},
+            scenarios.SHARE: value(registry, contract.STEP_COMPUTE_SHARE.name, labels),
+        },
         "counts": _histogram_counts(registry, labels),
         "grad_sync_bytes": value(registry, "trainguard_grad_sync_bytes_total", labels),
         "exposition": generate_latest(registry).decode(),

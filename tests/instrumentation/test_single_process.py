@@ -76,6 +76,8 @@ def test_plain_module_steps_phases_and_compute(tmp_path: Path) -> None:
         count = sample(registry, "trainguard_step_phase_duration_seconds_count", phase=phase.value)
         assert count == 6, phase
     assert sample(registry, "trainguard_step_compute_duration_seconds_count") == 6
+    # One process waits on no peer: no share of local work to compare, the gauge stays 0.
+    assert sample(registry, contract.STEP_COMPUTE_SHARE.name) == 0
     assert sample(registry, "trainguard_last_step_timestamp_seconds") == pytest.approx(
         time.time(), abs=60
     )

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
+from trainguard import contract
 from trainguard.instrumentation import flight_recorder, timeline
 from trainguard.instrumentation.config import Identity
 from trainguard.instrumentation.errors import ErrorBudget
@@ -272,3 +273,59 @@ def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers(handed_
     assert total("trainguard_grad_sync_duration_seconds_sum") == pytest.approx(0.050)
     assert total("trainguard_param_gather_duration_seconds_sum") == pytest.approx(0.030)
     assert total("trainguard_grad_sync_bytes_total") == 4096
+    # Its share of local work: 0.32 s of the 0.40 s it did not spend on other work.
+    assert total(contract.STEP_COMPUTE_SHARE.name) == pytest.approx(0.8)
+
+
+def test_the_recent_share_is_the_median_of_the_latest_steps_and_ignores_an_outlier() -> None:
+    """Each step computes 200 ms less the time blocked in its reduce-scatter."""
+    registry, metrics, labels = rank_metrics()
+    worker = StepWorker(
+        identity=Identity(job_id="job-t", rank=0, local_rank=0, world_size=2, node="n"),
+        metrics=metrics,
+        errors=ErrorBudget(metrics.instrumentation_errors, labels),
+        memory=None,
+        ddp_timers=False,
+        tracer_provider=None,
+        ids=None,
+        backend="gloo",
+        on_allocator_oom=lambda _count: None,
+        roles=Roles(frozenset({"3"})),
+    )
+    shard = FakeGroup("3", "mesh_shard")
+
+    def step(index: int, blocked_ms: int) -> StepRecord:
+        start = (1000 + 300 * index) * MS
+        return StepRecord(
+            step=index,
+            start_ns=start,
+            forward_start_ns=start,
+            forward_end_ns=start + 50 * MS,
+            forward_ns=50 * MS,
+            optimizer_start_ns=start + 200 * MS,
+            end_ns=start + 210 * MS,
+            data_wait_ns=0,
+            collectives=[
+                Collective(
+                    "reduce_scatter", shard, 4096, start + 60 * MS,
+                    start + (60 + blocked_ms) * MS, True,
+                )
+            ],
+        )  # fmt: skip
+
+    def share() -> float:
+        assert worker.flush()
+        return registry.get_sample_value(contract.STEP_COMPUTE_SHARE.name, labels) or 0.0
+
+    window = contract.RECENT_COMPUTE_OBSERVATIONS
+    worker.start()
+    try:
+        for index in range(window - 1):
+            worker.submit(step(index, 100))  # half its step waiting on a slower peer
+        worker.submit(step(window - 1, 10))  # one step it hardly waits: an outlier
+        assert share() == pytest.approx(0.5)
+        for index in range(window, window + window // 2 + 1):
+            worker.submit(step(index, 20))  # it has become the slow one: it waits least
+        assert share() == pytest.approx(0.9)
+    finally:
+        worker.stop()

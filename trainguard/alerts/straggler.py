@@ -53,9 +53,45 @@ def _straggler(t: Thresholds) -> AlertRule:
     )
 
 
+def _recent_straggler(t: Thresholds) -> AlertRule:
+    """Each rank's recent share of its step spent on its own work (the hook's median over its
+    latest steps) against its job's median share, held longer than a transient lifts it
+    (docs/alerts.md). The slowest rank waits least, so its share is the highest; a share, not
+    seconds, because ranks are scraped at different moments and a whole job slowing moves
+    every rank's seconds at once but its share hardly. Read from the ranks' gauges at the
+    alert's own evaluation: a recorded ratio would add up to one evaluation interval of lag;
+    the gauges are also the labels' cover (``with_labels``), one series a rank. A rank with no
+    share yet (0) counts neither way."""
+    share = f"max by ({RANK}) ({c.STEP_COMPUTE_SHARE.name} > 0)"
+    straggler = (
+        f"(\n{share}\n/ on ({J}) group_left ()\nquantile by ({J}) (0.5, {share})\n)"
+        f" >= {num(t.straggler_recent_factor)}\n"
+        f"and on ({J}) (count by ({J}) ({share}) >= {t.straggler_min_ranks})\n"
+        f"and on ({J}, {R}) ({warmed_up(t)})"
+    )
+    return AlertRule(
+        alert=Alert.TRAINING_STRAGGLER,
+        severity=Severity.WARNING,
+        expr=on_scheduler_of_job(
+            with_labels(straggler, f"{J}, {R}", PHASE, c.REC_RANK_SLOWEST_PHASE, share),
+            share,
+        ),
+        for_=t.straggler_recent_for,
+        labels={c.LABEL_DETECTOR: c.DETECTOR_RECENT},
+        summary="Straggler: rank {{ $labels.rank }} of job {{ $labels.job_id }} on node "
+        "{{ $labels.node }}",
+        description=f"{WHO_START} spends "
+        "{{ $value | printf `%.2f` }}x the job's median share of a step on its own work over "
+        f"its last {c.RECENT_COMPUTE_OBSERVATIONS} timed steps (threshold "
+        f"{num(t.straggler_recent_factor)}x) for {t.straggler_recent_for}: it waits least, "
+        "and every other rank waits for it at each gradient sync. Slowest phase: "
+        "{{ or $labels.phase `unknown` }}.",
+    )
+
+
 @ALERT_RULES.register(Failure.STRAGGLER)
 def rules(t: Thresholds) -> list[AlertRule]:
-    return [_straggler(t)]
+    return [_straggler(t), _recent_straggler(t)]
 
 
 @RECORDING_RULES.register(Failure.STRAGGLER)

@@ -34,6 +34,10 @@ LABEL_COMM_ID = "comm_id"
 LABEL_PARALLELISM = "parallelism"
 LABEL_TIMING_SOURCE = "timing_source"
 LABEL_RESTARTS = "restarts"  # TrainingRankRestarted: the job's restart count it fired for
+# TrainingStraggler: which of its two rules fired (the recent median's, or the 5-minute mean's
+# which carries no such label), so that the two are two alerts, not one series twice.
+LABEL_DETECTOR = "detector"
+DETECTOR_RECENT = "recent"
 
 # Labels every training-rank series carries; they identify the process.
 RANK_IDENTITY_LABELS: tuple[str, ...] = (LABEL_JOB_ID, LABEL_RANK, LABEL_LOCAL_RANK, LABEL_NODE)

@@ -114,6 +114,7 @@ class RankMetrics:
         }
         self.compute_duration = detailed(contract.STEP_COMPUTE_DURATION).labels(**identity)
         self.sync_wait_duration = detailed(contract.SYNC_WAIT_DURATION).labels(**identity)
+        self.compute_share = gauge(contract.STEP_COMPUTE_SHARE).labels(**identity)
         self.last_step_timestamp = gauge(contract.LAST_STEP_TIMESTAMP).labels(**identity)
         self.training_step = gauge(contract.TRAINING_STEP).labels(**identity)
         self.world_size = gauge(contract.WORLD_SIZE).labels(**identity)

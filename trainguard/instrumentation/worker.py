@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import statistics
 import time
 from collections.abc import Callable
 
@@ -153,6 +154,9 @@ class StepWorker(BackgroundThread):
         self._unmatched: ReducerStats | None = None
         # (bytes, buckets) of DDP's gradient sync as the last timed step had them.
         self._sync_bytes = (0, 0)
+        self._recent_shares: collections.deque[float] = collections.deque(
+            maxlen=contract.RECENT_COMPUTE_OBSERVATIONS
+        )
         self._steps_without_timers = 0
         self._reads_without_timers = 0
         self._last_alloc_retries: int | None = None
@@ -448,14 +452,26 @@ class StepWorker(BackgroundThread):
         # timeline's blocking collectives are the wait; without a timeline (one process), or
         # on DDP without its timers, the local work is wall time and includes any wait.
         if self._roles is None:
-            self._metrics.compute_duration.observe(
-                _seconds(record.data_wait_ns + record.forward_ns + record.backward_ns)
+            self._observe_compute(
+                record.data_wait_ns + record.forward_ns + record.backward_ns, None
             )
         else:
-            compute, wait = self._split(record, 0)
-            self._metrics.compute_duration.observe(_seconds(compute))
-            self._metrics.sync_wait_duration.observe(_seconds(wait))
+            self._observe_compute(*self._split(record, 0))
         self._finish(record, None)
+
+    def _observe_compute(self, compute_ns: int, wait_ns: int | None) -> None:
+        """One step's local work and its wait on peers (None: not known, one process), and
+        the median share of local work over the latest such steps (the fast straggler signal:
+        an outlier step does not move it, and every rank's step ends at the same moment, so a
+        whole job slowing moves every rank's share alike)."""
+        m = self._metrics
+        m.compute_duration.observe(_seconds(compute_ns))
+        if wait_ns is None:
+            return
+        m.sync_wait_duration.observe(_seconds(wait_ns))
+        if compute_ns + wait_ns > 0:
+            self._recent_shares.append(compute_ns / (compute_ns + wait_ns))
+            m.compute_share.set(statistics.median(self._recent_shares))
 
     def _send_awaited_syncs(self) -> None:
         """The sync spans of the steps still awaiting DDP's timers, now, marked ``unread``
@@ -480,9 +496,7 @@ class StepWorker(BackgroundThread):
         what a DDP sync without ``stats`` is marked."""
         m = self._metrics
         if stats is not None:
-            compute, wait = self._split(record, stats.sync_wait_ns)
-            m.compute_duration.observe(_seconds(compute))
-            m.sync_wait_duration.observe(_seconds(wait))
+            self._observe_compute(*self._split(record, stats.sync_wait_ns))
             if not record.buckets:
                 exemplar = {contract.EXEMPLAR_TRACE_ID: self.trace_id_hex(record.step)}
                 m.grad_sync_duration.observe(_seconds(stats.comm_ns), exemplar)
