@@ -209,19 +209,12 @@ def test_a_step_that_issues_too_many_collectives_keeps_the_first_and_counts_the_
 MS = 1_000_000
 
 
-@pytest.mark.parametrize("handed_over", ["record", "raw"])
-def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers(handed_over: str) -> None:
-    """The root's all-gather before the first forward falls in the (unmeasured) data wait; the
-    reduce-scatter inside backward; both are waiting on peers, not this rank's work. The hook
-    hands a step over as a plain tuple whose collectives are the timeline's raw entries: the
-    worker makes the same of it as of the record."""
-    registry, metrics, labels = rank_metrics()
-    errors = ErrorBudget(metrics.instrumentation_errors, labels)
-    shard = FakeGroup("3", "mesh_shard")
-    worker = StepWorker(
+def _sharded_worker(metrics: RankMetrics, labels: dict[str, str]) -> StepWorker:
+    """A worker of rank 0 of 2 whose sharding group is "3" (no DDP timers, no spans)."""
+    return StepWorker(
         identity=Identity(job_id="job-t", rank=0, local_rank=0, world_size=2, node="n"),
         metrics=metrics,
-        errors=errors,
+        errors=ErrorBudget(metrics.instrumentation_errors, labels),
         memory=None,
         ddp_timers=False,
         tracer_provider=None,
@@ -230,6 +223,17 @@ def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers(handed_
         on_allocator_oom=lambda _count: None,
         roles=Roles(frozenset({"3"})),
     )
+
+
+@pytest.mark.parametrize("handed_over", ["record", "raw"])
+def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers(handed_over: str) -> None:
+    """The root's all-gather before the first forward falls in the (unmeasured) data wait; the
+    reduce-scatter inside backward; both are waiting on peers, not this rank's work. The hook
+    hands a step over as a plain tuple whose collectives are the timeline's raw entries: the
+    worker makes the same of it as of the record."""
+    registry, metrics, labels = rank_metrics()
+    shard = FakeGroup("3", "mesh_shard")
+    worker = _sharded_worker(metrics, labels)
     record = StepRecord(
         step=0,
         start_ns=1000 * MS,
@@ -280,18 +284,7 @@ def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers(handed_
 def test_the_recent_share_is_the_median_of_the_latest_steps_and_ignores_an_outlier() -> None:
     """Each step computes 200 ms less the time blocked in its reduce-scatter."""
     registry, metrics, labels = rank_metrics()
-    worker = StepWorker(
-        identity=Identity(job_id="job-t", rank=0, local_rank=0, world_size=2, node="n"),
-        metrics=metrics,
-        errors=ErrorBudget(metrics.instrumentation_errors, labels),
-        memory=None,
-        ddp_timers=False,
-        tracer_provider=None,
-        ids=None,
-        backend="gloo",
-        on_allocator_oom=lambda _count: None,
-        roles=Roles(frozenset({"3"})),
-    )
+    worker = _sharded_worker(metrics, labels)
     shard = FakeGroup("3", "mesh_shard")
 
     def step(index: int, blocked_ms: int) -> StepRecord:
