@@ -241,10 +241,11 @@ class Fleet:
         ):  # fmt: skip
             self._set(spec, 0.0)
         w = self.workload
-        # The hook's recent compute share: the median over each rank's latest steps of
-        # compute / (compute + sync wait) (every step here, as on FSDP; on DDP the hook
+        # The hook's recent compute share: each rank's median compute over its latest steps
+        # over their median compute + sync wait (every step here, as on FSDP; on DDP the hook
         # observes the steps DDP times).
-        self._recent = np.zeros((self.ranks, contract.RECENT_COMPUTE_OBSERVATIONS))
+        self._recent_compute = np.zeros((self.ranks, contract.RECENT_COMPUTE_OBSERVATIONS))
+        self._recent_busy = np.zeros((self.ranks, contract.RECENT_COMPUTE_OBSERVATIONS))
         self._recent_seen = 0
         self._set(contract.STEP_COMPUTE_SHARE, 0.0)
         self._set(contract.WORLD_SIZE, float(self.ranks))
@@ -335,10 +336,15 @@ class Fleet:
         ):  # fmt: skip
             self._observe(name, observed)
         window = contract.RECENT_COMPUTE_OBSERVATIONS
-        self._recent[:, self._recent_seen % window] = d.compute / (d.compute + d.sync_wait)
+        slot, filled = self._recent_seen % window, min(window, self._recent_seen + 1)
+        self._recent_compute[:, slot] = d.compute
+        self._recent_busy[:, slot] = d.compute + d.sync_wait
         self._recent_seen += 1
-        filled = self._recent[:, : min(window, self._recent_seen)]
-        self._set(contract.STEP_COMPUTE_SHARE, np.median(filled, axis=1))
+        self._set(
+            contract.STEP_COMPUTE_SHARE,
+            np.median(self._recent_compute[:, :filled], axis=1)
+            / np.median(self._recent_busy[:, :filled], axis=1),
+        )
         self._add(contract.COLLECTIVES_LAUNCHED, float(w.collectives_per_step))
         self._add(contract.COLLECTIVES_COMPLETED, float(w.collectives_per_step))
         self._add(contract.GRAD_SYNC_BYTES, w.grad_bytes_per_step)

@@ -31,16 +31,17 @@ STEP_COMPUTE_DURATION = histogram(
     "compute. The straggler signal. On DDP, the steps DDP's runtime statistics time "
     "(runtime_stats_every).",
 )
-# How many of a rank's latest observed steps its recent compute share is the median of: an
-# outlier step moves it not at all, a lasting change within half as many steps.
+# How many of a rank's latest timed steps its recent compute share is taken over (as medians:
+# an outlier step moves it not at all, a lasting change within half as many steps).
 RECENT_COMPUTE_OBSERVATIONS = 32
 STEP_COMPUTE_SHARE = gauge(
     "step_compute_share_ratio",
-    f"Median, over this rank's last {RECENT_COMPUTE_OBSERVATIONS} observed steps, of the share "
-    "of its step spent on its own work: compute / (compute + sync wait), as "
-    "step_compute_duration_seconds and sync_wait_duration_seconds observe them (0 until a step "
-    "with both). The slowest rank waits least, so its share is the job's highest; a whole job "
-    "slowing moves every rank's alike. The fast straggler signal.",
+    f"The share of its step this rank spends on its own work over its last "
+    f"{RECENT_COMPUTE_OBSERVATIONS} timed steps: their median compute over their median "
+    "compute + sync wait, as step_compute_duration_seconds and sync_wait_duration_seconds "
+    "observe them (0 until a step with both). The slowest rank waits least, so its share is "
+    "the job's highest; a whole job slowing moves every rank's alike. The fast straggler "
+    "signal.",
 )
 SYNC_WAIT_DURATION = histogram(
     "sync_wait_duration_seconds",

@@ -154,7 +154,11 @@ class StepWorker(BackgroundThread):
         self._unmatched: ReducerStats | None = None
         # (bytes, buckets) of DDP's gradient sync as the last timed step had them.
         self._sync_bytes = (0, 0)
-        self._recent_shares: collections.deque[float] = collections.deque(
+        # (compute, compute + sync wait) of the latest timed steps, in seconds.
+        self._recent_compute: collections.deque[float] = collections.deque(
+            maxlen=contract.RECENT_COMPUTE_OBSERVATIONS
+        )
+        self._recent_busy: collections.deque[float] = collections.deque(
             maxlen=contract.RECENT_COMPUTE_OBSERVATIONS
         )
         self._steps_without_timers = 0
@@ -460,18 +464,25 @@ class StepWorker(BackgroundThread):
         self._finish(record, None)
 
     def _observe_compute(self, compute_ns: int, wait_ns: int | None) -> None:
-        """One step's local work and its wait on peers (None: not known, one process), and
-        the median share of local work over the latest such steps (the fast straggler signal:
-        an outlier step does not move it, and every rank's step ends at the same moment, so a
-        whole job slowing moves every rank's share alike)."""
+        """One step's local work and its wait on peers (None: not known, one process), and the
+        rank's recent share of local work: the median compute of its latest such steps over
+        their median compute plus wait (the fast straggler signal). Medians, so an outlier
+        step moves neither; a ratio of the two, so a whole job slowing moves both at the steps
+        it slows, whenever the rank is scraped; and not a median of each step's share, which
+        the slowest rank's time, common to every rank and varying from step to step, would
+        spread."""
         m = self._metrics
-        m.compute_duration.observe(_seconds(compute_ns))
+        compute = _seconds(compute_ns)
+        m.compute_duration.observe(compute)
         if wait_ns is None:
             return
-        m.sync_wait_duration.observe(_seconds(wait_ns))
-        if compute_ns + wait_ns > 0:
-            self._recent_shares.append(compute_ns / (compute_ns + wait_ns))
-            m.compute_share.set(statistics.median(self._recent_shares))
+        wait = _seconds(wait_ns)
+        m.sync_wait_duration.observe(wait)
+        self._recent_compute.append(compute)
+        self._recent_busy.append(compute + wait)
+        busy = statistics.median(self._recent_busy)
+        if busy > 0:
+            m.compute_share.set(statistics.median(self._recent_compute) / busy)
 
     def _send_awaited_syncs(self) -> None:
         """The sync spans of the steps still awaiting DDP's timers, now, marked ``unread``
