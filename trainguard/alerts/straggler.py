@@ -53,6 +53,10 @@ def _straggler(t: Thresholds) -> AlertRule:
     )
 
 
+# A rank whose oldest collective has been in flight this many of its mean steps has stopped.
+STUCK_STEPS = 3
+
+
 def _recent_straggler(t: Thresholds) -> AlertRule:
     """Each rank's recent share of its step spent on its own work (the hook's median over its
     latest steps) against its job's median share, held longer than a transient lifts it
@@ -61,13 +65,18 @@ def _recent_straggler(t: Thresholds) -> AlertRule:
     every rank's seconds at once but its share hardly. Read from the ranks' gauges at the
     alert's own evaluation: a recorded ratio would add up to one evaluation interval of lag;
     the gauges are also the labels' cover (``with_labels``), one series a rank. A rank with no
-    share yet (0) counts neither way."""
+    share yet (0) counts neither way; a rank whose collective has been in flight for
+    :data:`STUCK_STEPS` of its steps is hanging, not straggling (its share is frozen where it
+    stopped: the hang rules' business)."""
     share = f"max by ({RANK}) ({c.STEP_COMPUTE_SHARE.name} > 0)"
     straggler = (
         f"(\n{share}\n/ on ({J}) group_left ()\nquantile by ({J}) (0.5, {share})\n)"
         f" >= {num(t.straggler_recent_factor)}\n"
         f"and on ({J}) (count by ({J}) ({share}) >= {t.straggler_min_ranks})\n"
-        f"and on ({J}, {R}) ({warmed_up(t)})"
+        f"and on ({J}, {R}) ({warmed_up(t)})\n"
+        f"unless on ({J}, {R}) (\n"
+        f"max by ({RANK}) ({c.COLLECTIVE_OLDEST_INFLIGHT.name})\n"
+        f"> {STUCK_STEPS} * {c.REC_RANK_STEP_DURATION_MEAN}\n)"
     )
     return AlertRule(
         alert=Alert.TRAINING_STRAGGLER,
