@@ -40,6 +40,27 @@ def _ready(url: str) -> bool:
         return False
 
 
+def backfill(source: Path, data: Path) -> None:
+    """Turn the OpenMetrics history in ``source`` into TSDB blocks under ``data`` (``promtool
+    tsdb create-blocks-from openmetrics``), for a Prometheus started on ``data``."""
+    made = subprocess.run(
+        [
+            binary("promtool", "Debian: prometheus"),
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            "-q",
+            str(source),
+            str(data),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
+
+
 @contextmanager
 def prometheus_process(config: Path, workdir: Path, *flags: str) -> Iterator[PrometheusProcess]:
     """Prometheus over ``config``, its data and log in ``workdir``; ready when yielded."""

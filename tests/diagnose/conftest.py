@@ -21,6 +21,7 @@ from tests.alerts.tools import RULES_FILE, binary
 from tests.diagnose import hang_run, synthetic
 from tests.instrumentation.harness import run_ranks
 from tests.ports import free_port
+from tests.prometheus_process import backfill
 
 
 @dataclass(frozen=True)
@@ -31,21 +32,13 @@ class History:
 
 @pytest.fixture(scope="session")
 def history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[History]:
-    promtool = binary("promtool")
     prometheus = binary("prometheus")
     root = tmp_path_factory.mktemp("prometheus")
     now = time.time()
     source = root / "history.om"
     source.write_text(synthetic.history(now - 3600))
     data = root / "data"
-    made = subprocess.run(
-        [promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(source), str(data)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert made.returncode == 0, made.stderr
+    backfill(source, data)
     source.unlink()  # about 85 MB of text, no longer needed
     config = root / "prometheus.yml"
     config.write_text(f"global:\n  evaluation_interval: 15s\nrule_files:\n  - {RULES_FILE}\n")

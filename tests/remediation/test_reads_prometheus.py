@@ -9,14 +9,12 @@ sample's time is known exactly.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.alerts.tools import binary
-from tests.prometheus_process import prometheus_process
+from tests.prometheus_process import backfill, prometheus_process
 from trainguard import contract
 from trainguard.remediation.prometheus import PrometheusQuery, Reads
 
@@ -49,22 +47,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Reads, i
     lines += _series(AGAIN, {10: 1, 20: 2, 31: 3, 41: 4}, start)
     source = root / "history.om"
     source.write_text("\n".join(lines) + "\n# EOF\n")
-    made = subprocess.run(
-        [
-            binary("promtool"),
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            "-q",
-            str(source),
-            str(root / "prometheus-data"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert made.returncode == 0, made.stderr
+    backfill(source, root / "prometheus-data")
     config = root / "prometheus.yml"
     config.write_text("global:\n  scrape_interval: 1s\n")
     with prometheus_process(config, root) as prometheus:
