@@ -1,24 +1,30 @@
 """The fault-injection matrix: how often trainguard detects, names and repairs each failure.
 
 Runs many short real jobs (the demo trainer under torchrun: 2 "nodes" x 2 gloo ranks) against
-one real stack (Prometheus, Alertmanager, the remediation service and the exporter at the demo's
-speed, :mod:`trainguard.demo.stack`), each with one fault of ``fault_matrix_plan.CATALOGUE``
-(every demo fault kind registered in ``trainguard.demo.faults``, at each of its factors) on a
-random rank at a random time, or none (healthy runs, as many as the faulty runs together); every
-run has the healthy noise of ``fault_matrix_plan.NOISE``. A run is seeded (``--seed``), so a
-matrix can be replayed.
+one real stack (Prometheus, Alertmanager, the remediation service and the exporter,
+:mod:`trainguard.demo.stack`), each with one fault of ``fault_matrix_plan.CATALOGUE`` (every
+demo fault kind registered in ``trainguard.demo.faults``, at each of its factors) on a random
+rank at a random time, or none (healthy runs, as many as the faulty runs together). A run is
+seeded (``--seed``), so a matrix can be replayed.
 
-For every run it records whether an alert of the fault's failure fired and how long after the
-injection (Prometheus' ``ALERTS``, the rules' own verdict), every alert that fired (those of
-another failure, and any in a healthy run, are false), the top cause and rank of
+``--defaults`` picks the settings (``fault_matrix_plan.Settings``): ``shipped`` (scored: the
+shipped thresholds, default policy, ``deploy/prometheus.yml``'s intervals, the hook's and the
+service's defaults, the whole noise model in every run) or ``fast`` (the demo's pace with the
+matrix's thresholds and policy: the quick matrix of the test suite).
+
+For every run it records whether an alert of the fault's failure fired after the injection,
+naming the faulty rank, and how long after (Prometheus' ``ALERTS``, the rules' own verdict),
+every alert the fault does not explain (false), the top cause and rank of
 ``trainguard diagnose`` over the run, the remediation service's action and verdict (recovered or
 not, when). It writes ``runs.json`` (every run), ``table.md`` (per fault kind: detection rate,
-p50/p95 time to detect, root-cause top-1 accuracy, recovery rate, p50/p95 time to recover; false
-alerts per healthy hour) and ``detect.png`` (time to detect per kind) in ``--out``, and ends with
+p50/p95 time to detect against its bound, root-cause top-1 accuracy, recovery rate, p50/p95
+time to recover; false alerts per 1,000 rank-hours) and ``detect.png`` (time to detect per
+kind) in ``--out``, and ends with
 
-    runs=<n> detection=<x> root_cause=<y> recovery=<z> false_alerts=<k> p95_detect_s=<s>
+    runs=<n> detection=<x> root_cause=<y> recovery=<z> false_alerts=<k> p95_detect_s=<s> \
+defaults=<shipped|fast>
 
-``--quick`` runs each fault kind once and one healthy run (the test suite runs it).
+``--quick`` runs each fault kind once, the drill's three times, and one healthy run.
 """
 
 from __future__ import annotations
@@ -42,23 +48,21 @@ from benchmarks.fault_matrix_plan import (
     COMPUTE_SHARE,
     DATA_SECONDS,
     DRILL_KINDS,
-    HEALTHY_SECONDS,
-    NOISE,
+    FAST,
     QUICK_DRILL_RUNS,
     RANK_MEMORY_CAPACITY,
-    RUN_DEADLINE_SECONDS,
+    SHIPPED,
     START_DEADLINE_SECONDS,
     START_SPACING_SECONDS,
     STEP_SECONDS,
-    THRESHOLDS,
     FaultSpec,
     FiredAlert,
     RunPlan,
     RunResult,
-    acts_on,
+    Settings,
     judge,
-    matrix_policy,
     plan_runs,
+    settings_named,
     spec_named,
 )
 from benchmarks.fault_matrix_report import (
@@ -84,9 +88,10 @@ from trainguard.demo.stack import (
 class Matrix:
     """Runs the plans on one stack, ``parallel`` jobs at a time."""
 
-    def __init__(self, cfg: DemoConfig, stack: Stack) -> None:
+    def __init__(self, cfg: DemoConfig, stack: Stack, settings: Settings) -> None:
         self.cfg = cfg
         self.stack = stack
+        self.settings = settings
         self.prometheus = cfg.url("prometheus")
         self._ports_lock = threading.Lock()
         self._next_metrics_port = 9500
@@ -111,7 +116,7 @@ class Matrix:
             metrics_port=metrics_port,
             trainer_args=(
                 "--noise",
-                NOISE,
+                self.settings.noise,
                 "--compute-share",
                 str(COMPUTE_SHARE),
                 "--seed",
@@ -161,7 +166,7 @@ class Matrix:
             return
         result.started = True
         if spec is None:
-            time.sleep(max(0.0, first_step + HEALTHY_SECONDS - time.time()))
+            time.sleep(max(0.0, first_step + self.settings.healthy_seconds - time.time()))
             result.trained_seconds = time.time() - first_step
             return
         ledger = FaultLedger(job.checkpoint_dir)
@@ -171,13 +176,13 @@ class Matrix:
             return
         result.injected_at = fired.at
         result.injected_node = fired.node
-        deadline = fired.at + RUN_DEADLINE_SECONDS
+        deadline = fired.at + self.settings.run_deadline_seconds
         while time.time() < deadline:
             time.sleep(2.0)
             incidents = [i for i in self._incidents(plan) if i.get("failure") == spec.failure]
             if any(i.get("state") == "closed" for i in incidents):
                 break
-            if not incidents and self._fired(plan, spec) and not acts_on(spec):
+            if not incidents and self._fired(plan, spec) and not self.settings.acts_on(spec):
                 break
         result.trained_seconds = time.time() - first_step
 
@@ -253,9 +258,9 @@ class Matrix:
                     *map(str, sorted(self.cfg.logs.glob(f"agent-{plan.job_id}-*.log"))),
                 ],
                 sustain_seconds=10.0,
-                min_step_seconds=2.0,
+                min_step_seconds=self.settings.pace.rank_scrape_seconds,
                 incidents=incidents,
-                thresholds=demo_thresholds(THRESHOLDS),
+                thresholds=demo_thresholds(self.settings.thresholds, self.settings.pace),
             )
             result.diagnosis = [
                 f"{x.failure.value} (severity {x.severity}, ranks {x.ranks}): {x.summary}"
@@ -322,6 +327,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"each fault kind once ({QUICK_DRILL_RUNS} times the drill's: "
         f"{', '.join(DRILL_KINDS)}), one healthy",
     )
+    parser.add_argument(
+        "--defaults",
+        choices=(SHIPPED, FAST),
+        default=SHIPPED,
+        help="the settings to run at: the shipped thresholds, policy and intervals (scored), or "
+        "the demo's fast ones (the quick matrix of the test suite)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each fault kind")
     parser.add_argument("--healthy", type=int, help="healthy runs (default: the faulty count)")
     parser.add_argument("--parallel", type=int, default=4, help="jobs at a time")
@@ -340,6 +352,7 @@ def run_matrix(args: argparse.Namespace) -> tuple[list[RunResult], dict[str, Any
     if args.only:
         chosen = set(args.only.split(","))
         plans = [p for p in plans if p.fault in chosen]
+    settings = settings_named(args.defaults)
     ensure_binaries()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -349,11 +362,14 @@ def run_matrix(args: argparse.Namespace) -> tuple[list[RunResult], dict[str, Any
     results: list[RunResult] = []
     loads: list[float] = []  # the 1-minute load average as each run ended (a shared machine)
     started = time.time()
-    with Stack(cfg) as stack:
-        stack.start_services(THRESHOLDS, matrix_policy(cfg))
+    with Stack(cfg, settings.pace) as stack:
+        stack.start_services(settings.thresholds, settings.policy(cfg))
         wait_ready(cfg)
-        matrix = Matrix(cfg, stack)
-        print(f"fault matrix: {len(plans)} runs, {args.parallel} at a time, seed {args.seed}")
+        matrix = Matrix(cfg, stack, settings)
+        print(
+            f"fault matrix: {len(plans)} runs, {args.parallel} at a time, seed {args.seed}, "
+            f"{settings.name} defaults"
+        )
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
             # Progress as each run ends, not in plan order (a long run would hide the others).
             for future in as_completed([pool.submit(matrix.run, plan) for plan in plans]):
@@ -362,7 +378,7 @@ def run_matrix(args: argparse.Namespace) -> tuple[list[RunResult], dict[str, Any
                 loads.append(os.getloadavg()[0])
                 _progress(result, len(results), len(plans), started)
     results.sort(key=lambda r: r.plan.index)
-    rows, totals = summarize(results)
+    rows, totals = summarize(results, settings)
     totals["minutes"] = round((time.time() - started) / 60, 1)
     totals["load_average"] = (min(loads, default=0.0), max(loads, default=0.0))
     (out / "runs.json").write_text(
@@ -372,7 +388,7 @@ def run_matrix(args: argparse.Namespace) -> tuple[list[RunResult], dict[str, Any
     )
     text = table(rows, totals)
     (out / "table.md").write_text(text)
-    plot(results, out / "detect.png")
+    plot(results, out / "detect.png", settings)
     print(text, flush=True)
     return results, totals
 

@@ -16,33 +16,44 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from benchmarks.fault_matrix import Matrix
 from benchmarks.fault_matrix_plan import (
     CATALOGUE,
     DRILL_KINDS,
     FAULT_AFTER,
     HEALTHY,
     QUICK_DRILL_RUNS,
-    SETTINGS,
+    FaultSpec,
     FiredAlert,
     RunPlan,
     RunResult,
+    Settings,
     Verdict,
-    acts_on,
     judge,
     plan_runs,
+    settings_named,
+    shipped_pace,
     spec_named,
 )
 from benchmarks.fault_matrix_report import escalations_line, last_line, summarize, table
 from tests.alerts.tools import REPO, binary
+from trainguard.demo.config import DemoConfig
+from trainguard.demo.stack import Stack
+from trainguard.remediation.policy import default_policy_text
+from trainguard.thresholds import default_path
 
 LINE = re.compile(
     r"runs=(\d+) detection=(\S+) root_cause=(\S+) recovery=(\S+) false_alerts=(\d+) "
     r"p95_detect_s=(\S+) defaults=(fast|shipped)"
 )
+FAST = settings_named("fast")
+SHIPPED = settings_named("shipped")
 
 
 def test_the_plan_is_seeded_and_draws_every_kind() -> None:
@@ -76,7 +87,7 @@ def test_the_summary_scores_each_kind_and_the_rank_hours() -> None:
         _run(3, HEALTHY, trained_seconds=1800.0, false_alerts=["TrainingStraggler rank 1"]),
         _run(4, HEALTHY, trained_seconds=1800.0),
     ]  # fmt: skip
-    rows, totals = summarize(results)
+    rows, totals = summarize(results, FAST)
     hang = next(r for r in rows if r.kind == "hang")
     assert (hang.runs, hang.detection, hang.root_cause) == (2, 1.0, 0.5)
     assert (hang.p50_detect_s, hang.p95_detect_s) == (10.0, 20.0)
@@ -95,11 +106,61 @@ def test_the_summary_scores_each_kind_and_the_rank_hours() -> None:
     line = last_line(totals)
     assert LINE.fullmatch(line), line
     assert "runs=5 detection=0.6667 root_cause=0.3333 recovery=0.3333 false_alerts=2" in line
-    assert line.endswith(f"defaults={SETTINGS}")
+    assert line.endswith("defaults=fast")
     assert escalations_line(totals) == "escalations=1 pages=1"
 
 
-STRAGGLER = spec_named("straggler_1.5x")
+def test_the_shipped_settings_are_what_ships() -> None:
+    # deploy/prometheus.yml's intervals, read from the file: a change there changes the matrix.
+    pace = SHIPPED.pace
+    assert (pace.scrape_seconds, pace.rank_scrape_seconds, pace.evaluation_seconds) == (15, 5, 5)
+    assert not pace.thresholds and not SHIPPED.thresholds and pace.hook_stall_floor_seconds is None
+    assert not pace.service_env
+    assert SHIPPED.all_thresholds() == yaml.safe_load(default_path().read_text())
+    assert SHIPPED.policy(DemoConfig(Path())) == yaml.safe_load(default_policy_text())
+    # The default policy recommends, then excludes a straggler (an incident to verify); it only
+    # recommends for a rank torchrun has restarted.
+    assert SHIPPED.acts_on(STRAGGLER) and not SHIPPED.acts_on(_spec("kill"))
+    assert FAST.acts_on(STRAGGLER) and FAST.acts_on(_spec("memory_creep"))
+    # Held to issue 33's targets at the shipped defaults, to 2x the configured delay when fast.
+    assert SHIPPED.detect_bound_s(_spec("oom")) == 15
+    assert SHIPPED.detect_bound_s(_spec("kill")) == 30
+    assert SHIPPED.detect_bound_s(STRAGGLER) == 60
+    assert FAST.detect_bound_s(_spec("oom")) == 8
+    rows, totals = summarize([_run(0, "oom", detected=True, detect_s=12.0)], SHIPPED)
+    assert rows[0].detect_bound_s == 15 and last_line(totals).endswith("defaults=shipped")
+
+
+@pytest.mark.parametrize("settings", [FAST, SHIPPED], ids=["fast", "shipped"])
+def test_a_job_runs_with_its_settings_noise(tmp_path: Path, settings: Settings) -> None:
+    cfg = DemoConfig(tmp_path)
+    plan = RunPlan(3, "straggler_1.5x", 2, 15.0, 7)
+    job = Matrix(cfg, Stack(cfg, settings.pace), settings).job(plan)
+    args = list(job.trainer_args)
+    assert args[args.index("--noise") + 1] == settings.noise
+    assert job.faults == "straggler:rank=2,at=15.0s,factor=1.5"
+
+
+def test_the_shipped_pace_reads_the_rank_job_s_own_interval() -> None:
+    config = yaml.safe_load(
+        "global: {scrape_interval: 30s, evaluation_interval: 1m}\n"
+        "scrape_configs:\n"
+        "  - {job_name: trainguard-exporter}\n"
+        "  - {job_name: trainguard-ranks}\n"
+    )
+    pace = shipped_pace(config)
+    assert (pace.scrape_seconds, pace.rank_scrape_seconds, pace.evaluation_seconds) == (30, 30, 60)
+    with pytest.raises(ValueError, match="fast"):
+        settings_named("tuned")
+
+
+def _spec(name: str) -> FaultSpec:
+    spec = spec_named(name)
+    assert spec is not None, name
+    return spec
+
+
+STRAGGLER = _spec("straggler_1.5x")
 INJECTED = (1000.0, 2, "node-b")
 
 
@@ -137,8 +198,8 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     binary("prometheus-alertmanager")
     out = tmp_path_factory.mktemp("fault-matrix")
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.fault_matrix", "--quick", "--parallel", "4",
-         "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.fault_matrix", "--quick", "--defaults", "fast",
+         "--parallel", "4", "--out", str(out)],
         capture_output=True, text=True, timeout=1400, check=False, cwd=REPO,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-6000:]
@@ -168,7 +229,7 @@ def test_quick_matrix_detects_names_and_repairs(quick: dict[str, Any], fault: st
         assert run["root_cause_right"], run
         assert not run["false_alerts"], run
     spec = spec_named(fault)
-    if spec is not None and acts_on(spec):  # the policy repairs it: not acting fails
+    if spec is not None and FAST.acts_on(spec):  # the policy repairs it: not acting fails
         assert all(run["outcome"] == "recovered" for run in _runs(quick, fault))
 
 

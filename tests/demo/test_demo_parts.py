@@ -10,15 +10,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from trainguard.alerts.rules import render
+from trainguard.contract import ENV_STALL_FLOOR, SCRAPE_JOB_RANKS
 from trainguard.demo.config import DEMO_JOB_ID, DemoConfig
 from trainguard.demo.faults import DEFAULT_PLAN, Fault, FaultLedger, FaultPlanError, parse_plan
 from trainguard.demo.faults.hang import HANG
 from trainguard.demo.faults.oom import OOM
 from trainguard.demo.faults.straggler import STRAGGLER
 from trainguard.demo.run import Reliability, incident_of
-from trainguard.demo.stack import SIMULATED_GPUS, exporter_gpu_args, write_configs
+from trainguard.demo.stack import (
+    DEMO_PACE,
+    SCRAPE_SECONDS,
+    SIMULATED_GPUS,
+    Pace,
+    Stack,
+    TrainingJob,
+    demo_thresholds,
+    exporter_gpu_args,
+    write_configs,
+)
 from trainguard.remediation.policy import load_policy
+from trainguard.thresholds import Thresholds, default_path
 
 
 def test_the_default_plan() -> None:
@@ -87,6 +101,28 @@ def test_rendered_configs_pass_their_own_checkers(tmp_path: Path) -> None:
         for rule in policy.rules
     ), "the demo's policy acts on the demo's own job only"
     assert cfg.token_file.stat().st_mode & 0o077 == 0, "the token file is private"
+
+
+def test_a_pace_sets_the_intervals_thresholds_and_hook_floor(tmp_path: Path) -> None:
+    shipped = Pace("shipped", scrape_seconds=15, rank_scrape_seconds=5, evaluation_seconds=5)
+    cfg = DemoConfig(workdir=tmp_path)
+    paths = write_configs(cfg, pace=shipped)
+    prometheus = yaml.safe_load(paths["prometheus"].read_text())
+    assert prometheus["global"] == {"scrape_interval": "15s", "evaluation_interval": "5s"}
+    (ranks,) = [j for j in prometheus["scrape_configs"] if j["job_name"] == SCRAPE_JOB_RANKS]
+    assert ranks["scrape_interval"] == "5s"
+    # No threshold over the shipped ones: the rules are thresholds.yml's, byte for byte.
+    assert paths["rules"].read_text() == render(demo_thresholds(pace=shipped))
+    assert demo_thresholds(pace=shipped) == Thresholds.from_mapping(
+        yaml.safe_load(default_path().read_text())
+    )
+    job = TrainingJob("j", tmp_path / "ckpt", "", 10, 0.1, 29500, 9500)
+    assert ENV_STALL_FLOOR not in Stack(cfg, shipped).training_env(job, "node-a")
+    assert Stack(cfg).training_env(job, "node-a")[ENV_STALL_FLOOR] == str(
+        DEMO_PACE.hook_stall_floor_seconds
+    )
+    demo = yaml.safe_load(write_configs(cfg)["prometheus"].read_text())
+    assert demo["global"]["evaluation_interval"] == f"{SCRAPE_SECONDS}s"
 
 
 def test_the_exporter_simulates_gpus_only_where_nvml_sees_none() -> None:

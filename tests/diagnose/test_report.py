@@ -300,7 +300,7 @@ def test_hang_names_the_rank_and_collective_from_flight_recorder_dumps(
     assert timeout.value == "timedelta(seconds=90)"
     age = chart(report, COLLECTIVE_AGE)
     assert set(age["ranks"]) == {"0", "1", "2"}
-    assert age["threshold_seconds"] == 60
+    assert age["threshold_seconds"] == synthetic.SHIPPED.collective_stall_floor_seconds == 40
     assert max(v for _, v in age["ranks"]["0"] if v is not None) > 500
     assert all(not v for _, v in age["ranks"]["2"])
 

@@ -63,6 +63,50 @@ SCRAPE_SECONDS = 2
 HOOK_STALL_FLOOR_SECONDS = 4.0
 
 
+@dataclass(frozen=True)
+class Pace:
+    """How fast the stack's loop turns: Prometheus' intervals, the thresholds over the shipped
+    ``thresholds.yml``, the hook's watchdog floor and the remediation service's timers.
+
+    The demo runs at :data:`DEMO_PACE`, a loop that turns in seconds; the fault matrix can also
+    run at the shipped one (``benchmarks.fault_matrix_plan.shipped_pace``: ``deploy/``'s
+    intervals, every threshold, floor and service setting at its default)."""
+
+    name: str
+    scrape_seconds: float  # every target but the ranks
+    rank_scrape_seconds: float
+    evaluation_seconds: float
+    thresholds: Mapping[str, Any] = field(default_factory=dict)
+    hook_stall_floor_seconds: float | None = None  # None: the hook's default
+    service_env: Mapping[str, str] = field(default_factory=dict)
+
+
+DEMO_PACE = Pace(
+    name="fast",
+    scrape_seconds=SCRAPE_SECONDS,
+    rank_scrape_seconds=SCRAPE_SECONDS,
+    evaluation_seconds=SCRAPE_SECONDS,
+    thresholds=DEMO_THRESHOLDS,
+    hook_stall_floor_seconds=HOOK_STALL_FLOOR_SECONDS,
+    service_env={
+        "TRAINGUARD_REMEDIATION_COOLDOWN_SECONDS": "30",
+        "TRAINGUARD_REMEDIATION_SWEEP_INTERVAL_SECONDS": "0.5",
+        "TRAINGUARD_REMEDIATION_BUDGET_PER_HOUR": "20",
+        # Ranks count as listening for a long-poll plus 5 s after their last poll: a short
+        # poll forgets the excluded node's ranks before the hang's dump directive, which then
+        # waits only for the ranks alive.
+        "TRAINGUARD_REMEDIATION_LONG_POLL_MAX_SECONDS": "5",
+        "TRAINGUARD_REMEDIATION_VERIFY_INTERVAL_SECONDS": "1",
+        # The demo steps ten times a second: 10 s of training after a repair is plenty.
+        "TRAINGUARD_REMEDIATION_VERIFY_PROGRESS_SECONDS": "10",
+    },
+)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
 def _dump(path: Path, data: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -128,11 +172,13 @@ def demo_policy(cfg: DemoConfig, jobs: str | None = None) -> dict[str, Any]:
     return {"version": 1, "rules": rules}
 
 
-def demo_thresholds(override: Mapping[str, Any] | None = None) -> Thresholds:
-    """The shipped thresholds with the demo's (and ``override``) over them: what its rules are
+def demo_thresholds(
+    override: Mapping[str, Any] | None = None, pace: Pace = DEMO_PACE
+) -> Thresholds:
+    """The shipped thresholds with the pace's (and ``override``) over them: what its rules are
     rendered from, and what ``trainguard diagnose`` judges its runs by."""
     thresholds = yaml.safe_load(default_path().read_text())
-    thresholds.update(DEMO_THRESHOLDS)
+    thresholds.update(pace.thresholds)
     thresholds.update(override or {})
     return Thresholds.from_mapping(thresholds)
 
@@ -141,13 +187,15 @@ def write_configs(
     cfg: DemoConfig,
     thresholds_override: Mapping[str, Any] | None = None,
     policy: Mapping[str, Any] | None = None,
+    pace: Pace = DEMO_PACE,
 ) -> dict[str, Path]:
-    """Render every configuration file the stack needs into the work folder: the demo's
-    thresholds (and ``thresholds_override`` over them) and policy (or ``policy``)."""
+    """Render every configuration file the stack needs into the work folder: the pace's
+    thresholds (and ``thresholds_override`` over them) and intervals, and the demo's policy (or
+    ``policy``)."""
     conf = cfg.workdir / "config"
     rules_path = conf / "trainguard.rules.yml"
     rules_path.parent.mkdir(parents=True, exist_ok=True)
-    rules_path.write_text(alert_rules.render(demo_thresholds(thresholds_override)))
+    rules_path.write_text(alert_rules.render(demo_thresholds(thresholds_override, pace)))
     cfg.token_file.parent.mkdir(parents=True, exist_ok=True)
     if not cfg.token_file.exists():
         cfg.token_file.write_text(secrets.token_urlsafe(32))
@@ -156,8 +204,8 @@ def write_configs(
         folder.mkdir(parents=True, exist_ok=True)
     prometheus = {
         "global": {
-            "scrape_interval": f"{SCRAPE_SECONDS}s",
-            "evaluation_interval": f"{SCRAPE_SECONDS}s",
+            "scrape_interval": _seconds(pace.scrape_seconds),
+            "evaluation_interval": _seconds(pace.evaluation_seconds),
         },
         "rule_files": [str(rules_path)],
         "storage": {"exemplars": {"max_exemplars": 100000}},
@@ -170,6 +218,7 @@ def write_configs(
             {
                 "job_name": "trainguard-ranks",
                 "honor_labels": True,
+                "scrape_interval": _seconds(pace.rank_scrape_seconds),
                 "file_sd_configs": [
                     {"files": [str(cfg.file_sd / "*.json")], "refresh_interval": "2s"}
                 ],
@@ -294,8 +343,9 @@ class TrainingJob:
 class Stack:
     """Starts and stops the demo's processes; a context manager that always cleans up."""
 
-    def __init__(self, cfg: DemoConfig) -> None:
+    def __init__(self, cfg: DemoConfig, pace: Pace = DEMO_PACE) -> None:
         self.cfg = cfg
+        self.pace = pace
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.paths: dict[str, Path] = {}
         self.gpus = 0  # GPUs found through NVML, set when the services start
@@ -327,7 +377,7 @@ class Stack:
         """Remediation service, exporter, Prometheus and Alertmanager (see :func:`write_configs`
         for the two arguments)."""
         cfg = self.cfg
-        self.paths = write_configs(cfg, thresholds_override, policy)
+        self.paths = write_configs(cfg, thresholds_override, policy, self.pace)
         self.gpus = local_gpu_count()
         trainguard = [sys.executable, "-m", "trainguard"]
         self._start(
@@ -341,13 +391,6 @@ class Stack:
             ],
             {
                 "TRAINGUARD_REMEDIATION_REQUIRE_APPROVAL": "false",
-                "TRAINGUARD_REMEDIATION_COOLDOWN_SECONDS": "30",
-                "TRAINGUARD_REMEDIATION_SWEEP_INTERVAL_SECONDS": "0.5",
-                "TRAINGUARD_REMEDIATION_BUDGET_PER_HOUR": "20",
-                # Ranks count as listening for a long-poll plus 5 s after their last poll: a
-                # short poll forgets the excluded node's ranks before the hang's dump directive,
-                # which then waits only for the ranks alive.
-                "TRAINGUARD_REMEDIATION_LONG_POLL_MAX_SECONDS": "5",
                 # Every action the service takes gets a `trainguard diagnose` report.
                 "TRAINGUARD_REMEDIATION_DIAGNOSE_PROMETHEUS_URL": cfg.url("prometheus"),
                 "TRAINGUARD_REMEDIATION_DIAGNOSE_DUMPS_DIR": str(cfg.dumps),
@@ -356,9 +399,7 @@ class Stack:
                 "TRAINGUARD_REMEDIATION_PROMETHEUS_URL": cfg.url("prometheus"),
                 "TRAINGUARD_REMEDIATION_ALERTMANAGER_URL": cfg.url("alertmanager"),
                 "TRAINGUARD_REMEDIATION_PUBLIC_URL": cfg.url("remediation"),
-                "TRAINGUARD_REMEDIATION_VERIFY_INTERVAL_SECONDS": "1",
-                # The demo steps ten times a second: 10 s of training after a repair is plenty.
-                "TRAINGUARD_REMEDIATION_VERIFY_PROGRESS_SECONDS": "10",
+                **self.pace.service_env,
             },
         )  # fmt: skip
         # The jobs' rendezvous store, apart from every agent (see trainguard.demo.rendezvous).
@@ -404,7 +445,7 @@ class Stack:
 
     def training_env(self, job: TrainingJob, node: str) -> dict[str, str]:
         cfg = self.cfg
-        return {
+        env = {
             contract.ENV_JOB_ID: job.job_id,
             contract.ENV_NODE: node,
             # The demo's agents are torchrun on this host, even where this host is a pod or a
@@ -415,7 +456,6 @@ class Stack:
             contract.ENV_LOG_DIR: str(cfg.logs / "training"),
             contract.ENV_METRICS_PORT: str(job.metrics_port + (0 if node == NODES[0] else 10)),
             contract.ENV_METRICS_ADDR: "127.0.0.1",
-            contract.ENV_STALL_FLOOR: str(HOOK_STALL_FLOOR_SECONDS),
             contract.ENV_REMEDIATION_URL: cfg.url("remediation"),
             contract.ENV_REMEDIATION_TOKEN: cfg.token_file.read_text().strip(),
             "TORCH_FR_BUFFER_SIZE": "2000",
@@ -425,6 +465,9 @@ class Stack:
             "PYTHONUNBUFFERED": "1",
             **job.env,
         }
+        if self.pace.hook_stall_floor_seconds is not None:
+            env[contract.ENV_STALL_FLOOR] = str(self.pace.hook_stall_floor_seconds)
+        return env
 
     def demo_job(self) -> TrainingJob:
         cfg = self.cfg

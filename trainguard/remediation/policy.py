@@ -186,15 +186,17 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         raise PolicyError(f"{source}: {exc}") from exc
 
 
+def default_policy_text() -> str:
+    """The default policy shipped with trainguard, as written."""
+    return (
+        resources.files("trainguard.remediation").joinpath("default_policy.yaml").read_text("utf-8")
+    )
+
+
 def load_policy(path: Path | None) -> Policy:
     """The policy at ``path``, or the default policy shipped with trainguard."""
     if path is None:
-        text = (
-            resources.files("trainguard.remediation")
-            .joinpath("default_policy.yaml")
-            .read_text("utf-8")
-        )
-        return parse_policy(text, "default_policy.yaml")
+        return parse_policy(default_policy_text(), "default_policy.yaml")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
