@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 
 import pytest
@@ -75,6 +76,20 @@ def test_a_noisy_neighbour_slows_one_node_in_short_bursts() -> None:
     assert noise.neighbour_factor("node-b", outside) == 1.0
     busy = sum(burst.seconds for burst in bursts) / 3600
     assert 0.05 < busy < 0.2  # a transient: most of the hour the node is quiet
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_bursts_never_run_into_one_another(seed: int) -> None:
+    # Exponential gaps alone put two bursts a second apart now and then: 40 s of contention, no
+    # longer the transient of at most 20 s the model stands for.
+    noise = Noise(seed=seed, neighbour_node="node-b")
+    bursts = noise.bursts(6 * 3600)
+    gaps = [b.start - (a.start + a.seconds) for a, b in itertools.pairwise(bursts)]
+    assert min(gaps) >= noise.burst_min_gap_seconds == 40
+    mean_gap = sum(gaps) / len(gaps)
+    assert 90 < mean_gap < 150  # still about burst_gap_seconds on average
+    with pytest.raises(NoiseError, match="burst_seconds"):
+        Noise(burst_gap_seconds=30, burst_min_gap_seconds=40)
 
 
 def test_parse_overrides_the_default_and_says_what_is_wrong() -> None:

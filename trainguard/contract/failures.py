@@ -480,6 +480,7 @@ FAILURES = Catalogue(
                 "straggler_for",
                 "straggler_recent_factor",
                 "straggler_recent_for",
+                "straggler_recent_resolve_factor",
             ),
             dashboards=("trainguard-stragglers", "trainguard-overview"),
         ),

@@ -7,6 +7,12 @@ from __future__ import annotations
 SCRAPE_JOB_RANKS = "trainguard-ranks"
 SCRAPE_JOB_EXPORTER = "trainguard-exporter"
 SCRAPE_JOB_REMEDIATION = "trainguard-remediation"
+# Prometheus' own series of the alerts it evaluates: one per active alert, with the alert's
+# labels, its name and its state (a rule may read whether it fired at the last evaluation).
+ALERTS_SERIES = "ALERTS"
+LABEL_ALERTNAME = "alertname"
+LABEL_ALERTSTATE = "alertstate"
+ALERTSTATE_FIRING = "firing"
 
 # Recording rules, named level:metric:operation (the level is the set of labels kept).
 REC_RANK_STEP_DURATION_MEAN = "rank:trainguard_step_duration_seconds:mean5m"

@@ -64,6 +64,9 @@ class Noise:
     neighbour_node: str | None = None
     burst_seconds: float = 20.0
     burst_gap_seconds: float = 120.0
+    # Bursts are at least this far apart: two bursts a few seconds apart are one burst of twice
+    # the length, longer than the transient the model stands for.
+    burst_min_gap_seconds: float = 40.0
     burst_factor: float = 1.5
 
     def __post_init__(self) -> None:
@@ -75,7 +78,8 @@ class Noise:
             "batch_cv": 0 <= self.batch_cv < 1,
             "gc_every": self.gc_every >= 0 and self.gc_seconds >= 0,
             "eval_every": self.eval_every >= 0 and self.eval_seconds >= 0,
-            "burst_seconds": self.burst_seconds > 0 and self.burst_gap_seconds > 0,
+            "burst_seconds": self.burst_seconds > 0
+            and 0 <= self.burst_min_gap_seconds < self.burst_gap_seconds,
             "burst_factor": self.burst_factor >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
@@ -152,18 +156,20 @@ class Noise:
         return pause
 
     def bursts(self, until: float) -> list[Burst]:
-        """The neighbour's bursts that start before ``until`` seconds into the job: gaps drawn
-        around ``burst_gap_seconds``, lengths up to ``burst_seconds``."""
+        """The neighbour's bursts that start before ``until`` seconds into the job: gaps of
+        ``burst_gap_seconds`` on average and at least ``burst_min_gap_seconds``, lengths up to
+        ``burst_seconds``."""
         if self.neighbour_node is None:
             return []
         # Bursts are a property of the job, not of a rank: one generator, seeded once.
         draw = random.Random(f"{self.seed}:neighbour")
+        rate = 1.0 / (self.burst_gap_seconds - self.burst_min_gap_seconds)
         found: list[Burst] = []
-        at = draw.expovariate(1.0 / self.burst_gap_seconds)
+        at = draw.expovariate(rate)
         while at < until:
             seconds = draw.uniform(self.burst_seconds / 4, self.burst_seconds)
             found.append(Burst(at, seconds))
-            at += seconds + draw.expovariate(1.0 / self.burst_gap_seconds)
+            at += seconds + self.burst_min_gap_seconds + draw.expovariate(rate)
         return found
 
     def neighbour_factor(self, node: str, elapsed: float) -> float:
