@@ -92,6 +92,9 @@ class Matrix:
         self.cfg = cfg
         self.stack = stack
         self.settings = settings
+        # Read once: what the rules were rendered from is what diagnose judges by, even if the
+        # thresholds file changes while the matrix runs.
+        self.thresholds = demo_thresholds(settings.thresholds, settings.pace)
         self.prometheus = cfg.url("prometheus")
         self._ports_lock = threading.Lock()
         self._next_metrics_port = 9500
@@ -260,7 +263,7 @@ class Matrix:
                 sustain_seconds=10.0,
                 min_step_seconds=self.settings.pace.rank_scrape_seconds,
                 incidents=incidents,
-                thresholds=demo_thresholds(self.settings.thresholds, self.settings.pace),
+                thresholds=self.thresholds,
             )
             result.diagnosis = [
                 f"{x.failure.value} (severity {x.severity}, ranks {x.ranks}): {x.summary}"

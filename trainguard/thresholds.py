@@ -62,6 +62,7 @@ class Thresholds:
     straggler_recent_factor: float
     straggler_recent_for: str
     straggler_recent_resolve_factor: float
+    straggler_recent_resolve_window: str
     collective_stall_floor_seconds: float
     collective_stall_step_multiplier: float
     collective_stall_for: str

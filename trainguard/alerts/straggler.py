@@ -67,18 +67,25 @@ def _recent_straggler(t: Thresholds) -> AlertRule:
     the gauges are also the labels' cover (``with_labels``), one series a rank. A rank with no
     share yet (0) counts neither way; a rank whose collective has been in flight for
     :data:`STUCK_STEPS` of its steps is hanging, not straggling (its share is frozen where it
-    stopped: the hang rules' business). Once firing, it stays firing down to a lower factor
-    (its own ``ALERTS`` series at the last evaluation): near the factor, one dip would
-    otherwise resolve a straggler that is still there."""
+    stopped: the hang rules' business). Once firing (its own ``ALERTS`` series at the last
+    evaluation), it stays firing while the rank's highest share of a recent window is above a
+    lower factor: a straggler waits for the others while a neighbour slows them, and one such
+    dip would otherwise resolve a straggler that is still there."""
     share = f"max by ({RANK}) ({c.STEP_COMPUTE_SHARE.name} > 0)"
-    ratio = f"(\n{share}\n/ on ({J}) group_left ()\nquantile by ({J}) (0.5, {share})\n)"
+    median = f"quantile by ({J}) (0.5, {share})"
+    ratio = f"(\n{share}\n/ on ({J}) group_left ()\n{median}\n)"
+    window = t.straggler_recent_resolve_window
+    recent_high = (
+        f"(\nmax by ({RANK}) (max_over_time({c.STEP_COMPUTE_SHARE.name}[{window}]))\n"
+        f"/ on ({J}) group_left ()\n{median}\n)"
+    )
     firing = (
         f'{c.ALERTS_SERIES}{{{c.LABEL_ALERTNAME}="{Alert.TRAINING_STRAGGLER.value}",'
         f'{c.LABEL_DETECTOR}="{c.DETECTOR_RECENT}",{c.LABEL_ALERTSTATE}="{c.ALERTSTATE_FIRING}"}}'
     )
     straggler = (
         f"(\n{ratio} >= {num(t.straggler_recent_factor)}\nor\n"
-        f"{ratio} >= {num(t.straggler_recent_resolve_factor)}\n"
+        f"{recent_high} >= {num(t.straggler_recent_resolve_factor)}\n"
         f"and on ({J}, {R}) {firing}\n)\n"
         f"and on ({J}) (count by ({J}) ({share}) >= {t.straggler_min_ranks})\n"
         f"and on ({J}, {R}) ({warmed_up(t)})\n"
@@ -100,8 +107,9 @@ def _recent_straggler(t: Thresholds) -> AlertRule:
         description=f"{WHO_START} spends "
         "{{ $value | printf `%.2f` }}x the job's median share of a step on its own work over "
         f"its last {c.RECENT_COMPUTE_OBSERVATIONS} timed steps (threshold "
-        f"{num(t.straggler_recent_factor)}x, firing until under "
-        f"{num(t.straggler_recent_resolve_factor)}x) for {t.straggler_recent_for}: it waits least, "
+        f"{num(t.straggler_recent_factor)}x; firing until its highest over "
+        f"{window} is under {num(t.straggler_recent_resolve_factor)}x) for "
+        f"{t.straggler_recent_for}: it waits least, "
         "and every other rank waits for it at each gradient sync. Slowest phase: "
         "{{ or $labels.phase `unknown` }}.",
     )

@@ -481,6 +481,7 @@ FAILURES = Catalogue(
                 "straggler_recent_factor",
                 "straggler_recent_for",
                 "straggler_recent_resolve_factor",
+                "straggler_recent_resolve_window",
             ),
             dashboards=("trainguard-stragglers", "trainguard-overview"),
         ),
