@@ -172,6 +172,7 @@ def simulate(job: Job, s: Samples, t0: float) -> None:
             )
             wait = step - compute[key] - p["optimizer"]
             histogram(s, c.SYNC_WAIT_DURATION, labels, t, n, acc("wait", steps * wait))
+            gauge(s, c.STEP_COMPUTE_SHARE, labels, t, compute[key] / (compute[key] + wait))
             for phase in ("data", "forward", "optimizer"):
                 total = acc(phase, steps * p[phase])
                 histogram(s, c.STEP_PHASE_DURATION, {**labels, "phase": phase}, t, n, total)
@@ -263,6 +264,17 @@ def slow(factor: float, phase: str, ranks: set[int], from_point: int) -> Phases:
     return phases
 
 
+def mildly_slow(factor: float, rank: int, from_point: int) -> Phases:
+    """``rank``'s forward and backward ``factor`` times as long from ``from_point`` on."""
+
+    def phases(r: Rank, i: int) -> dict[str, float]:
+        if r.rank != rank or i < from_point:
+            return dict(BASE)
+        return {**BASE, "forward": BASE["forward"] * factor, "backward": BASE["backward"] * factor}
+
+    return phases
+
+
 def fragmenting(oom_rank: int, oom_at: int) -> Callable[[Rank, int], tuple[float, float, float]]:
     """Allocated steady near 40 GiB; reserved creeps up to the 80 GiB capacity (cache held in
     blocks too fragmented to reuse) until the allocation that fails."""
@@ -332,6 +344,9 @@ def restarted_at(point: int) -> Callable[[int], float]:
 # The jobs of the synthetic history (job id -> what is injected).
 STRAGGLER_RANK = "strag-rank"  # rank 5 forward 2.2x from minute 20
 STRAGGLER_NODE = "strag-node"  # every rank of node sn-b backward 1.5x; no GPU fault
+# rank 2 forward and backward 1.2x from point 80: 1.19x in step compute (data is not slowed),
+# under straggler_factor; 1.19x in compute share, over straggler_recent_factor
+STRAGGLER_MILD = "strag-mild"
 THERMAL = "thermal"  # node th-b's GPUs throttle (hw_thermal_slowdown), its ranks slow
 OOM_FRAG = "oom-frag"  # rank 1 OOMs with reserved-but-unallocated memory and retries
 XID = "xid"  # Xid 79 on GPU 2 of node xi-b; rank 6 dies, the others hang
@@ -372,6 +387,7 @@ def history(t0: float) -> str:
         Job(STRAGGLER_NODE, layout("sn", 3, 4), slow(1.5, "backward", {4, 5, 6, 7}, 80)), s, t0
     )
     gpus(s, t0, ["sn-a", "sn-b", "sn-c"], 4)
+    simulate(Job(STRAGGLER_MILD, layout("sm", 1, 4), mildly_slow(1.2, 2, 80)), s, t0)
     simulate(Job(THERMAL, layout("th", 3, 4), slow(1.6, "backward", {4, 5, 6, 7}, 75)), s, t0)
     gpus(s, t0, ["th-a", "th-b", "th-c"], 4, throttled=lambda n, g, i: n == "th-b" and i >= 70)
     simulate(

@@ -237,6 +237,20 @@ def test_oom_the_memory_series_do_not_explain_says_so(history: History, tmp_path
     assert chart(report, MEMORY)["rank"] == 0
 
 
+def test_a_mild_straggler_is_named_by_its_compute_share(history: History, tmp_path: Path) -> None:
+    # 1.19x in step compute, under straggler_factor (1.2): the means alone find no straggler,
+    # but its share of the step stays 1.19x its job's, where TrainingStraggler's fast rule fires.
+    report = run(history, synthetic.STRAGGLER_MILD, tmp_path)
+    assert report.failure is Failure.STRAGGLER
+    assert report.scope.ranks == [2]
+    straggler = next(x for x in report.symptoms if x.failure is Failure.STRAGGLER)
+    assert straggler.ranks == [2]
+    onset = history.now - 3600 + 80 * synthetic.INTERVAL
+    assert straggler.since is not None
+    assert onset <= straggler.since <= onset + 2 * synthetic.INTERVAL
+    assert report.candidates[0].facts["ratio"] == pytest.approx(1.19, rel=0.02)
+
+
 def test_uncorrectable_ecc_errors_drain_that_gpu_s_node(history: History, tmp_path: Path) -> None:
     report = run(history, synthetic.ECC, tmp_path)
     # Corrected errors on ec-a are not a fault.

@@ -90,6 +90,9 @@ class Signals:
     compute_sum: dict[int, Series] = field(default_factory=dict)
     compute_count: dict[int, Series] = field(default_factory=dict)
     compute_scraped: dict[int, Series] = field(default_factory=dict)
+    # Each rank's recent compute share (the fast straggler rule's gauge), on the raw grid; a
+    # rank that has none yet (0) left out.
+    compute_share: dict[int, Series] = field(default_factory=dict)
     step_time: dict[int, Series] = field(default_factory=dict)
     sync_wait: dict[int, Series] = field(default_factory=dict)
     phases: dict[int, dict[str, Series]] = field(default_factory=dict)
@@ -227,6 +230,7 @@ def collect(
     sig.compute_sum = raw(f"sum by ({RANK_BY}) ({spec.sum_name}{{{job}}})")
     sig.compute_count = raw(f"sum by ({RANK_BY}) ({spec.count_name}{{{job}}})")
     sig.compute_scraped = raw(f"max by ({RANK_BY}) (timestamp({spec.count_name}{{{job}}}))")
+    sig.compute_share = raw(f"max by ({RANK_BY}) ({c.STEP_COMPUTE_SHARE.name}{{{job}}} > 0)")
     sig.step_time = _by_rank(step_time)
     sig.last_step = _by_rank(last_step)
     sig.allocated = _by_rank(allocated)

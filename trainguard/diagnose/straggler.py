@@ -4,6 +4,7 @@ and what the GPUs of the same node did at the same time."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -48,7 +49,9 @@ def find_stragglers(ctx: Context) -> list[Straggler]:
     """Ranks at least ``straggler_factor`` times the job median, sustained, judged over the
     job as it was (see :mod:`.membership`); slowest first. ``since`` is the first evidence
     (the first interval whose own steps ran that slow), ``ratio`` the factor over the
-    intervals after it, where the raw counters tell; else the window means'."""
+    intervals after it, where the raw counters tell; else the window means'. A rank those
+    means do not single out is still a straggler where the fast rule would call it one
+    (:func:`share_stragglers`)."""
     limits = ctx.thresholds
     window = duration_seconds(limits.rate_window)
     compute = {r: member_points(ctx, r, s, window) for r, s in ctx.sig.compute.items()}
@@ -66,7 +69,31 @@ def find_stragglers(ctx: Context) -> list[Straggler]:
         if ratio is None:
             ratio = statistics.median(r for t, r in ratios if run[0] <= t <= run[1])
         out.append(Straggler(rank, since, run[1], ratio))
+    found = {s.rank for s in out}
+    out += [s for s in share_stragglers(ctx) if s.rank not in found]
     return sorted(out, key=lambda s: -s.ratio)
+
+
+def share_stragglers(ctx: Context) -> list[Straggler]:
+    """Ranks whose recent compute share stayed at least ``straggler_recent_factor`` times the
+    job's median share for ``straggler_recent_for``: what ``TrainingStraggler``'s fast rule
+    fires on. A 1.2x slowdown of the forward and backward passes reads about 1.17x in step
+    compute, under ``straggler_factor``, and the alert's incident would otherwise come with a
+    diagnosis that finds no straggler. ``ratio`` is the median share ratio over the run."""
+    limits = ctx.thresholds
+    sig = ctx.sig
+    share = {r: member_points(ctx, r, s, 0.0) for r, s in sig.compute_share.items()}
+    median = job_median(share, limits.straggler_min_ranks)
+    hold = max(2, math.ceil(duration_seconds(limits.straggler_recent_for) / sig.raw_step) + 1)
+    out = []
+    for rank, series in share.items():
+        ratios = [(t, v / median[t]) for t, v in series.points if median.get(t, 0) > 0]
+        run = runs([(t, r >= limits.straggler_recent_factor) for t, r in ratios], hold)
+        if run is None:
+            continue
+        ratio = statistics.median(r for t, r in ratios if run[0] <= t <= run[1])
+        out.append(Straggler(rank, run[0], run[1], ratio))
+    return out
 
 
 def phase_breakdown(sig: Signals, rank: int, start: float, end: float) -> dict[str, float]:
