@@ -260,7 +260,7 @@ class Matrix:
                     *map(str, sorted(self.logs(plan).glob("*.ndjson"))),
                     *map(str, sorted(self.cfg.logs.glob(f"agent-{plan.job_id}-*.log"))),
                 ],
-                sustain_seconds=10.0,
+                sustain_seconds=self.settings.diagnose_sustain_seconds,
                 min_step_seconds=self.settings.pace.rank_scrape_seconds,
                 incidents=incidents,
                 thresholds=self.thresholds,

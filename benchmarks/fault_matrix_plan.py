@@ -193,6 +193,9 @@ class Settings:
     # After the fault: the longest a run waits for detection and the service's verdict.
     run_deadline_seconds: float
     noise: str  # the trainer's --noise
+    # How long a condition must hold for `trainguard diagnose` to count it: its default at the
+    # shipped settings, seconds at the fast ones (the demo's faults last seconds).
+    diagnose_sustain_seconds: float
 
     def policy(self, cfg: DemoConfig) -> dict[str, Any]:
         if self.shipped_policy:
@@ -252,9 +255,9 @@ def settings_named(name: str) -> Settings:
     if name == SHIPPED:
         # A straggler is excluded 900 s after it is found (the default policy), then the job
         # re-forms and must step for a minute (verify_progress_seconds): 1,500 s covers it.
-        return Settings(SHIPPED, shipped_pace(), {}, True, 300.0, 1500.0, SHIPPED_NOISE)
+        return Settings(SHIPPED, shipped_pace(), {}, True, 300.0, 1500.0, SHIPPED_NOISE, 300.0)
     if name == FAST:
-        return Settings(FAST, DEMO_PACE, THRESHOLDS, False, 60.0, 150.0, FAST_NOISE)
+        return Settings(FAST, DEMO_PACE, THRESHOLDS, False, 60.0, 150.0, FAST_NOISE, 10.0)
     raise ValueError(f"unknown settings {name!r}: {SHIPPED} or {FAST}")
 
 

@@ -116,6 +116,8 @@ def test_the_shipped_settings_are_what_ships() -> None:
     assert (pace.scrape_seconds, pace.rank_scrape_seconds, pace.evaluation_seconds) == (15, 5, 5)
     assert not pace.thresholds and not SHIPPED.thresholds and pace.hook_stall_floor_seconds is None
     assert not pace.service_env
+    # diagnose counts a condition over its own default hold, not the demo's seconds.
+    assert (SHIPPED.diagnose_sustain_seconds, FAST.diagnose_sustain_seconds) == (300, 10)
     assert SHIPPED.all_thresholds() == yaml.safe_load(default_path().read_text())
     assert SHIPPED.policy(DemoConfig(Path())) == yaml.safe_load(default_policy_text())
     # The default policy recommends, then excludes a straggler (an incident to verify); it only
