@@ -17,9 +17,9 @@ from trainguard import contract
 from trainguard.contract import Action, Alert, Failure
 from trainguard.demo.config import NODES, DemoConfig
 from trainguard.demo.faults import FaultKind, fault_kinds
-from trainguard.demo.stack import DEMO_PACE, Pace, demo_policy
+from trainguard.demo.stack import DEMO_PACE, Pace, demo_policy, demo_thresholds
 from trainguard.remediation.policy import default_policy_text, parse_policy
-from trainguard.thresholds import default_path, duration_seconds
+from trainguard.thresholds import Thresholds, duration_seconds
 
 JOB_PREFIX = "fm-"
 
@@ -105,24 +105,22 @@ def _seconds(value: str | float) -> float:
     return float(value) if isinstance(value, (int, float)) else duration_seconds(value)
 
 
-def configured_delay(alert: Alert, thresholds: Mapping[str, Any]) -> float:
+def configured_delay(alert: Alert, t: Thresholds) -> float:
     """How long ``alert`` waits by configuration before it can fire, plus a scrape and an
     evaluation: the "configured threshold" the fast matrix holds p95 time to detect to (2x)."""
-    t = thresholds
     by_alert = {
-        Alert.TRAINING_STRAGGLER: _seconds(t["rate_window"]) + _seconds(t["straggler_for"]),
-        Alert.TRAINING_COLLECTIVE_STALLED: _seconds(t["collective_stall_floor_seconds"])
-        + _seconds(t["collective_stall_for"]),
-        Alert.TRAINING_STALLED: _seconds(t["stalled_seconds"]) + _seconds(t["stalled_for"]),
-        Alert.TRAINING_RANK_DOWN: _seconds(t["rank_down_for"]),
+        Alert.TRAINING_STRAGGLER: _seconds(t.rate_window) + _seconds(t.straggler_for),
+        Alert.TRAINING_COLLECTIVE_STALLED: _seconds(t.collective_stall_floor_seconds)
+        + _seconds(t.collective_stall_for),
+        Alert.TRAINING_STALLED: _seconds(t.stalled_seconds) + _seconds(t.stalled_for),
+        Alert.TRAINING_RANK_DOWN: _seconds(t.rank_down_for),
         # A restarted rank reports its new count once it has started again (imports, the
         # rendezvous, the process group): allow the demo's 10 s for that.
         Alert.TRAINING_RANK_RESTARTED: RESTART_SECONDS,
         Alert.TRAINING_OOM: 0.0,
-        Alert.TRAINING_OOM_RISK: _seconds(t["oom_risk_predict_window"]) / 2
-        + _seconds(t["oom_risk_for"]),
+        Alert.TRAINING_OOM_RISK: _seconds(t.oom_risk_predict_window) / 2 + _seconds(t.oom_risk_for),
         Alert.TRAINING_NCCL_TIMEOUT: 0.0,
-        Alert.TRAINING_DATALOADER_BOUND: _seconds(t["rate_window"]) + _seconds(t["dataloader_for"]),
+        Alert.TRAINING_DATALOADER_BOUND: _seconds(t.rate_window) + _seconds(t.dataloader_for),
     }
     return by_alert.get(alert, 0.0) + SCRAPE_AND_EVAL_SECONDS
 
@@ -203,13 +201,6 @@ class Settings:
             return document
         return matrix_policy(cfg)
 
-    def all_thresholds(self) -> dict[str, Any]:
-        return {
-            **yaml.safe_load(default_path().read_text()),
-            **self.pace.thresholds,
-            **self.thresholds,
-        }
-
     def acts_on(self, spec: FaultSpec) -> bool:
         """Whether the policy repairs this fault (else its run ends once it is detected)."""
         policy = parse_policy(yaml.safe_dump(self.policy(DemoConfig(Path()))))
@@ -225,7 +216,7 @@ class Settings:
                 SHIPPED_DETECT_TARGET_SECONDS.get(a, DEFAULT_DETECT_TARGET_SECONDS)
                 for a in spec.alerts
             )
-        thresholds = self.all_thresholds()
+        thresholds = demo_thresholds(self.thresholds, self.pace)
         return 2 * min(configured_delay(a, thresholds) for a in spec.alerts)
 
 

@@ -44,9 +44,9 @@ from benchmarks.fault_matrix_plan import (
 from benchmarks.fault_matrix_report import escalations_line, last_line, summarize, table
 from tests.alerts.tools import REPO, binary
 from trainguard.demo.config import DemoConfig
-from trainguard.demo.stack import Stack
+from trainguard.demo.stack import Stack, demo_thresholds
 from trainguard.remediation.policy import default_policy_text
-from trainguard.thresholds import default_path
+from trainguard.thresholds import Thresholds, default_path
 
 LINE = re.compile(
     r"runs=(\d+) detection=(\S+) root_cause=(\S+) recovery=(\S+) false_alerts=(\d+) "
@@ -118,7 +118,7 @@ def test_the_shipped_settings_are_what_ships() -> None:
     assert not pace.service_env
     # diagnose counts a condition over its own default hold, not the demo's seconds.
     assert (SHIPPED.diagnose_sustain_seconds, FAST.diagnose_sustain_seconds) == (300, 10)
-    assert SHIPPED.all_thresholds() == yaml.safe_load(default_path().read_text())
+    assert demo_thresholds(SHIPPED.thresholds, pace) == Thresholds.load(default_path())
     assert SHIPPED.policy(DemoConfig(Path())) == yaml.safe_load(default_policy_text())
     # The default policy recommends, then excludes a straggler (an incident to verify); it only
     # recommends for a rank torchrun has restarted.
