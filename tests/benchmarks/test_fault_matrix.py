@@ -185,6 +185,18 @@ def test_detection_is_the_fault_s_alert_after_it_where_it_was() -> None:
     assert verdict == Verdict(1040.0, (elsewhere,))
 
 
+def test_what_the_fault_also_explains_is_neither_detection_nor_false_where_it_was() -> None:
+    data_slow = _spec("data_slow")
+    bound = FiredAlert("TrainingDataLoaderBound", 1020.0, rank=2, node="node-b")
+    assert judge(data_slow, INJECTED, [bound], repaired_at=None) == Verdict(None, ())
+    elsewhere = FiredAlert("TrainingDataLoaderBound", 1020.0, rank=1, node="node-b")
+    before = FiredAlert("TrainingDataLoaderBound", 990.0, rank=2, node="node-b")
+    verdict = judge(data_slow, INJECTED, [elsewhere, before], repaired_at=None)
+    assert verdict == Verdict(None, (elsewhere, before))
+    # Another fault does not explain it.
+    assert judge(STRAGGLER, INJECTED, [bound], repaired_at=None) == Verdict(None, (bound,))
+
+
 def test_what_the_repair_set_off_is_not_false_and_a_healthy_run_explains_nothing() -> None:
     restarted = FiredAlert("TrainingRankRestarted", 1060.0)
     right = FiredAlert("TrainingStraggler", 1030.0, rank=2, node="node-b")

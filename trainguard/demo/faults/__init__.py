@@ -55,8 +55,10 @@ class FaultKind:
     ``fire`` runs once, on its rank, when it is due (at the next checkpoint if
     ``at_checkpoint``); ``sustain`` runs every step after it fired, with the slowdown factor
     on the rank and node it fired on (1.0 elsewhere, or once that rank moved). ``alerts`` are
-    what must catch it; ``matrix`` the factors the fault matrix runs it at (see
-    :meth:`matrix_runs`).
+    what must catch it; ``also_explains`` the alerts of other failures it rightly sets off
+    where it is (a rank whose data loader slows is a straggler and is bound by its data
+    loader): neither what catches it nor false. ``matrix`` the factors the fault matrix runs
+    it at (see :meth:`matrix_runs`).
     """
 
     name: str
@@ -67,6 +69,7 @@ class FaultKind:
     sustain: Callable[[Knobs, float], None] | None = None
     at_checkpoint: bool = False
     matrix: tuple[float, ...] = (1.0,)
+    also_explains: tuple[Alert, ...] = ()
 
     @property
     def slows(self) -> bool:

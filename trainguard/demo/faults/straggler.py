@@ -36,6 +36,7 @@ DATA_SLOW = FaultKind(
     (Alert.TRAINING_STRAGGLER,),
     sustain=_slow_data,
     matrix=(1.5,),
+    also_explains=(Alert.TRAINING_DATALOADER_BOUND,),
 )
 COMM_SLOW = FaultKind(
     "comm_slow",
