@@ -206,6 +206,10 @@ def test_default_policy_ladders() -> None:
 
     exclude_then_page = [Action.EXCLUDE_NODE, Action.PAGE]
     assert ladder("TrainingOOM")[1] == [Action.RESTART_FROM_CHECKPOINT, Action.PAGE]
+    assert ladder("TrainingOOMRisk") == (
+        [Action.CHECKPOINT_NOW, Action.RECOMMEND],
+        [Action.RESTART_FROM_CHECKPOINT, Action.PAGE],
+    )
     assert ladder("TrainingStraggler") == (
         [Action.RECOMMEND, Action.EXCLUDE_NODE],
         [Action.PAGE],
