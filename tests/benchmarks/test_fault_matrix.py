@@ -117,7 +117,7 @@ def test_the_shipped_settings_are_what_ships() -> None:
     assert not pace.thresholds and not SHIPPED.thresholds and pace.hook_stall_floor_seconds is None
     assert not pace.service_env
     # diagnose counts a condition over its own default hold, not the demo's seconds.
-    assert (SHIPPED.diagnose_sustain_seconds, FAST.diagnose_sustain_seconds) == (300, 10)
+    assert (SHIPPED.diagnose_sustain_seconds, FAST.diagnose_sustain_seconds) == (300, 6)  # FAST: the straggler `for`
     assert demo_thresholds(SHIPPED.thresholds, pace) == Thresholds.load(default_path())
     assert SHIPPED.policy(DemoConfig(Path())) == yaml.safe_load(default_policy_text())
     # The default policy recommends, then excludes a straggler (an incident to verify); it only
@@ -128,6 +128,7 @@ def test_the_shipped_settings_are_what_ships() -> None:
     assert SHIPPED.detect_bound_s(_spec("oom")) == 15
     assert SHIPPED.detect_bound_s(_spec("kill")) == 30
     assert SHIPPED.detect_bound_s(STRAGGLER) == 60
+    assert SHIPPED.detect_bound_s(_spec("memory_creep")) == 300 + 60  # its for, then a minute
     assert FAST.detect_bound_s(_spec("oom")) == 8
     rows, totals = summarize([_run(0, "oom", detected=True, detect_s=12.0)], SHIPPED)
     assert rows[0].detect_bound_s == 15 and last_line(totals).endswith("defaults=shipped")
