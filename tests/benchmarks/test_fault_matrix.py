@@ -117,7 +117,7 @@ def test_the_shipped_settings_are_what_ships() -> None:
     assert not pace.thresholds and not SHIPPED.thresholds and pace.hook_stall_floor_seconds is None
     assert not pace.service_env
     # diagnose counts a condition over its own default hold, not the demo's seconds.
-    assert (SHIPPED.diagnose_sustain_seconds, FAST.diagnose_sustain_seconds) == (300, 6)  # FAST: the straggler `for`
+    assert (SHIPPED.diagnose_sustain_seconds, FAST.diagnose_sustain_seconds) == (300, 6)
     assert demo_thresholds(SHIPPED.thresholds, pace) == Thresholds.load(default_path())
     assert SHIPPED.policy(DemoConfig(Path())) == yaml.safe_load(default_policy_text())
     # The default policy recommends, then excludes a straggler (an incident to verify); it only
