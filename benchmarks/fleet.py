@@ -241,11 +241,18 @@ class Fleet:
         ):  # fmt: skip
             self._set(spec, 0.0)
         w = self.workload
-        # The hook's recent compute share: each rank's median compute over its latest steps
-        # over their median compute + sync wait (every step here, as on FSDP; on DDP the hook
-        # observes the steps DDP times).
-        self._recent_compute = np.zeros((self.ranks, contract.RECENT_COMPUTE_OBSERVATIONS))
-        self._recent_busy = np.zeros((self.ranks, contract.RECENT_COMPUTE_OBSERVATIONS))
+        # The hook's recent compute share: each rank's median compute over the steps of its
+        # last RECENT_COMPUTE_SECONDS over their median compute + sync wait (every step here,
+        # as on FSDP; on DDP the hook observes the steps DDP times). A ring of the latest
+        # steps, long enough for the window at steps half the workload's nominal length.
+        ring = min(
+            contract.RECENT_COMPUTE_MAX_OBSERVATIONS,
+            contract.RECENT_COMPUTE_MIN_OBSERVATIONS
+            + math.ceil(2 * contract.RECENT_COMPUTE_SECONDS / w.step_seconds),
+        )
+        self._recent_compute = np.zeros((self.ranks, ring))
+        self._recent_busy = np.zeros((self.ranks, ring))
+        self._recent_ended = np.full(ring, -math.inf)
         self._recent_seen = 0
         self._set(contract.STEP_COMPUTE_SHARE, 0.0)
         self._set(contract.WORLD_SIZE, float(self.ranks))
@@ -335,15 +342,21 @@ class Fleet:
             (contract.Phase.OPTIMIZER.value, d.optimizer),
         ):  # fmt: skip
             self._observe(name, observed)
-        window = contract.RECENT_COMPUTE_OBSERVATIONS
-        slot, filled = self._recent_seen % window, min(window, self._recent_seen + 1)
+        ring = self._recent_ended.size
+        slot = self._recent_seen % ring
         self._recent_compute[:, slot] = d.compute
         self._recent_busy[:, slot] = d.compute + d.sync_wait
+        self._recent_ended[slot] = at
         self._recent_seen += 1
+        # Every rank's steps end together: one choice of slots for all of them.
+        newest = np.argsort(-self._recent_ended)[: min(ring, self._recent_seen)]
+        held = self._recent_ended[newest] >= at - contract.RECENT_COMPUTE_SECONDS
+        held[: contract.RECENT_COMPUTE_MIN_OBSERVATIONS] = True
+        kept = newest[held]
         self._set(
             contract.STEP_COMPUTE_SHARE,
-            np.median(self._recent_compute[:, :filled], axis=1)
-            / np.median(self._recent_busy[:, :filled], axis=1),
+            np.median(self._recent_compute[:, kept], axis=1)
+            / np.median(self._recent_busy[:, kept], axis=1),
         )
         self._add(contract.COLLECTIVES_LAUNCHED, float(w.collectives_per_step))
         self._add(contract.COLLECTIVES_COMPLETED, float(w.collectives_per_step))

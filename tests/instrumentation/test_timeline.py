@@ -281,14 +281,15 @@ def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers(handed_
     assert total(contract.STEP_COMPUTE_SHARE.name) == pytest.approx(0.8)
 
 
-def test_the_recent_share_is_the_median_of_the_latest_steps_and_ignores_an_outlier() -> None:
-    """Each step computes 200 ms less the time blocked in its reduce-scatter."""
+def test_the_recent_share_is_the_median_of_the_latest_seconds_past_an_outlier_and_a_burst() -> None:
+    """Each step computes 200 ms less the time blocked in its reduce-scatter; one ends every
+    2 s, so the share's 50 s hold some 25 of them."""
     registry, metrics, labels = rank_metrics()
     worker = _sharded_worker(metrics, labels)
     shard = FakeGroup("3", "mesh_shard")
 
     def step(index: int, blocked_ms: int) -> StepRecord:
-        start = (1000 + 300 * index) * MS
+        start = (1000 + 2000 * index) * MS
         return StepRecord(
             step=index,
             start_ns=start,
@@ -310,15 +311,21 @@ def test_the_recent_share_is_the_median_of_the_latest_steps_and_ignores_an_outli
         assert worker.flush()
         return registry.get_sample_value(contract.STEP_COMPUTE_SHARE.name, labels) or 0.0
 
-    window = contract.RECENT_COMPUTE_OBSERVATIONS
+    half = round(contract.RECENT_COMPUTE_SECONDS / 2 / 2)  # steps that fill half the window
+    steps = iter(range(1000))
     worker.start()
     try:
-        for index in range(window - 1):
-            worker.submit(step(index, 100))  # half its step waiting on a slower peer
-        worker.submit(step(window - 1, 10))  # one step it hardly waits: an outlier
+        for _ in range(3 * half):
+            worker.submit(step(next(steps), 100))  # half its step waiting on a slower peer
+        worker.submit(step(next(steps), 10))  # one step it hardly waits: an outlier
         assert share() == pytest.approx(0.5)
-        for index in range(window, window + window // 2 + 1):
-            worker.submit(step(index, 20))  # it has become the slow one: it waits least
+        for _ in range(half - 2):  # a neighbour's burst, 20 s of steps it waits least
+            worker.submit(step(next(steps), 20))
+        assert share() == pytest.approx(0.5)
+        for _ in range(3 * half):
+            worker.submit(step(next(steps), 100))
+        for _ in range(half + 2):  # it has become the slow one: it waits least, for longer
+            worker.submit(step(next(steps), 20))
         assert share() == pytest.approx(0.9)
     finally:
         worker.stop()

@@ -59,8 +59,9 @@ STUCK_STEPS = 3
 
 def _recent_straggler(t: Thresholds) -> AlertRule:
     """Each rank's recent share of its step spent on its own work (the hook's median over its
-    latest steps) against its job's median share, held longer than a transient lifts it
-    (docs/alerts.md). The slowest rank waits least, so its share is the highest; a share, not
+    steps of the last 50 s, which no transient of 20 s moves) against its job's median share,
+    held past a scrape or two that a whole job's change of pace lifts (docs/alerts.md). The
+    slowest rank waits least, so its share is the highest; a share, not
     seconds, because ranks are scraped at different moments and a whole job slowing moves
     every rank's seconds at once but its share hardly. Read from the ranks' gauges at the
     alert's own evaluation: a recorded ratio would add up to one evaluation interval of lag;
@@ -106,7 +107,7 @@ def _recent_straggler(t: Thresholds) -> AlertRule:
         "{{ $labels.node }}",
         description=f"{WHO_START} spends "
         "{{ $value | printf `%.2f` }}x the job's median share of a step on its own work over "
-        f"its last {c.RECENT_COMPUTE_OBSERVATIONS} timed steps (threshold "
+        f"its timed steps of the last {c.RECENT_COMPUTE_SECONDS:g} s (threshold "
         f"{num(t.straggler_recent_factor)}x; firing until its highest over "
         f"{window} is under {num(t.straggler_recent_resolve_factor)}x) for "
         f"{t.straggler_recent_for}: it waits least, "

@@ -31,17 +31,22 @@ STEP_COMPUTE_DURATION = histogram(
     "compute. The straggler signal. On DDP, the steps DDP's runtime statistics time "
     "(runtime_stats_every).",
 )
-# How many of a rank's latest timed steps its recent compute share is taken over (as medians:
-# an outlier step moves it not at all, a lasting change within half as many steps).
-RECENT_COMPUTE_OBSERVATIONS = 32
+# The timed steps a rank's recent compute share is taken over (as medians): those that ended in
+# its last RECENT_COMPUTE_SECONDS, at least RECENT_COMPUTE_MIN_OBSERVATIONS of them however old,
+# at most RECENT_COMPUTE_MAX_OBSERVATIONS however recent. More than twice the noise model's
+# longest neighbour burst (20 s), so no burst moves the median; a lasting change moves it once
+# it fills about half the window (docs/alerts.md#straggler-detection-fast-and-quiet).
+RECENT_COMPUTE_SECONDS = 50.0
+RECENT_COMPUTE_MIN_OBSERVATIONS = 16
+RECENT_COMPUTE_MAX_OBSERVATIONS = 2048
 STEP_COMPUTE_SHARE = gauge(
     "step_compute_share_ratio",
-    f"The share of its step this rank spends on its own work over its last "
-    f"{RECENT_COMPUTE_OBSERVATIONS} timed steps: their median compute over their median "
-    "compute + sync wait, as step_compute_duration_seconds and sync_wait_duration_seconds "
-    "observe them (0 until a step with both). The slowest rank waits least, so its share is "
-    "the job's highest; a whole job slowing moves every rank's alike. The fast straggler "
-    "signal.",
+    f"The share of its step this rank spends on its own work over the timed steps of its last "
+    f"{RECENT_COMPUTE_SECONDS:g} s (at least {RECENT_COMPUTE_MIN_OBSERVATIONS}): their median "
+    "compute over their median compute + sync wait, as step_compute_duration_seconds and "
+    "sync_wait_duration_seconds observe them (0 until a step with both). The slowest rank "
+    "waits least, so its share is the job's highest; a whole job slowing moves every rank's "
+    "alike. The fast straggler signal.",
 )
 SYNC_WAIT_DURATION = histogram(
     "sync_wait_duration_seconds",

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import statistics
 import time
 from collections.abc import Callable
 
@@ -45,6 +44,7 @@ from trainguard.instrumentation.config import Identity
 from trainguard.instrumentation.errors import ErrorBudget
 from trainguard.instrumentation.memory import MemorySampler
 from trainguard.instrumentation.metrics import RankMetrics
+from trainguard.instrumentation.recent import RecentMedian
 from trainguard.instrumentation.records import BucketTiming, RawStep, StepRecord
 from trainguard.instrumentation.reducer import RawLoggingData, ReducerStats, parse_logging_data
 from trainguard.instrumentation.step_spans import StepSpans, by_role
@@ -154,12 +154,14 @@ class StepWorker(BackgroundThread):
         self._unmatched: ReducerStats | None = None
         # (bytes, buckets) of DDP's gradient sync as the last timed step had them.
         self._sync_bytes = (0, 0)
-        # (compute, compute + sync wait) of the latest timed steps, in seconds.
-        self._recent_compute: collections.deque[float] = collections.deque(
-            maxlen=contract.RECENT_COMPUTE_OBSERVATIONS
-        )
-        self._recent_busy: collections.deque[float] = collections.deque(
-            maxlen=contract.RECENT_COMPUTE_OBSERVATIONS
+        # Compute, and compute + sync wait, of the latest timed steps, in seconds.
+        self._recent_compute, self._recent_busy = (
+            RecentMedian(
+                contract.RECENT_COMPUTE_SECONDS,
+                contract.RECENT_COMPUTE_MIN_OBSERVATIONS,
+                contract.RECENT_COMPUTE_MAX_OBSERVATIONS,
+            )
+            for _ in range(2)
         )
         self._steps_without_timers = 0
         self._reads_without_timers = 0
@@ -457,20 +459,20 @@ class StepWorker(BackgroundThread):
         # on DDP without its timers, the local work is wall time and includes any wait.
         if self._roles is None:
             self._observe_compute(
-                record.data_wait_ns + record.forward_ns + record.backward_ns, None
+                record, record.data_wait_ns + record.forward_ns + record.backward_ns, None
             )
         else:
-            self._observe_compute(*self._split(record, 0))
+            self._observe_compute(record, *self._split(record, 0))
         self._finish(record, None)
 
-    def _observe_compute(self, compute_ns: int, wait_ns: int | None) -> None:
+    def _observe_compute(self, record: StepRecord, compute_ns: int, wait_ns: int | None) -> None:
         """One step's local work and its wait on peers (None: not known, one process), and the
-        rank's recent share of local work: the median compute of its latest such steps over
-        their median compute plus wait (the fast straggler signal). Medians, so an outlier
-        step moves neither; a ratio of the two, so a whole job slowing moves both at the steps
-        it slows, whenever the rank is scraped; and not a median of each step's share, which
-        the slowest rank's time, common to every rank and varying from step to step, would
-        spread."""
+        rank's recent share of local work: the median compute of its steps of the last
+        :data:`~trainguard.contract.RECENT_COMPUTE_SECONDS` over their median compute plus wait
+        (the fast straggler signal; :mod:`.recent`). Medians, so an outlier step moves
+        neither; a ratio of the two, so a whole job slowing moves both at the steps it slows,
+        whenever the rank is scraped; and not a median of each step's share, which the slowest
+        rank's time, common to every rank and varying from step to step, would spread."""
         m = self._metrics
         compute = _seconds(compute_ns)
         m.compute_duration.observe(compute)
@@ -478,11 +480,12 @@ class StepWorker(BackgroundThread):
             return
         wait = _seconds(wait_ns)
         m.sync_wait_duration.observe(wait)
-        self._recent_compute.append(compute)
-        self._recent_busy.append(compute + wait)
-        busy = statistics.median(self._recent_busy)
-        if busy > 0:
-            m.compute_share.set(statistics.median(self._recent_compute) / busy)
+        ended = _seconds(record.end_ns)
+        self._recent_compute.add(ended, compute)
+        self._recent_busy.add(ended, compute + wait)
+        busy, local = self._recent_busy.median(), self._recent_compute.median()
+        if busy and local is not None:
+            m.compute_share.set(local / busy)
 
     def _send_awaited_syncs(self) -> None:
         """The sync spans of the steps still awaiting DDP's timers, now, marked ``unread``
@@ -507,7 +510,7 @@ class StepWorker(BackgroundThread):
         what a DDP sync without ``stats`` is marked."""
         m = self._metrics
         if stats is not None:
-            self._observe_compute(*self._split(record, stats.sync_wait_ns))
+            self._observe_compute(record, *self._split(record, stats.sync_wait_ns))
             if not record.buckets:
                 exemplar = {contract.EXEMPLAR_TRACE_ID: self.trace_id_hex(record.step)}
                 m.grad_sync_duration.observe(_seconds(stats.comm_ns), exemplar)

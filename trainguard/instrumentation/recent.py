@@ -1,0 +1,52 @@
+"""The median of a rank's latest observations within a time window: the robust statistic behind
+its recent compute share (``trainguard_step_compute_share_ratio``), the fast straggler signal.
+
+A window in time, not in steps, because what a straggler must be told apart from is a transient
+of a known length: a noisy neighbour slows a node for up to 20 s (docs/alerts.md). A median over
+:data:`~trainguard.contract.RECENT_COMPUTE_SECONDS` (more than twice that) is never moved by such
+a burst, at any step length, and follows a lasting change once it fills half the window; a
+window of a fixed number of steps spans a few seconds at short steps, and any burst moves it.
+Bounded both ways: at least ``min_count`` observations however old (long steps, DDP timing one
+step in eight), at most ``max_count`` however recent (very short steps).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+
+
+class RecentMedian:
+    """Observations of the last ``seconds`` (by the caller's clock), kept sorted for the median."""
+
+    def __init__(self, seconds: float, min_count: int, max_count: int) -> None:
+        if not 0 < min_count <= max_count or seconds <= 0:
+            raise ValueError(f"bad window: {seconds} s, {min_count}..{max_count} observations")
+        self._seconds = seconds
+        self._min_count = min_count
+        self._max_count = max_count
+        self._arrivals: collections.deque[tuple[float, float]] = collections.deque()
+        self._sorted: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._arrivals)
+
+    def add(self, at: float, value: float) -> None:
+        """One observation made at ``at`` seconds; drops those the window no longer holds."""
+        self._arrivals.append((at, value))
+        bisect.insort(self._sorted, value)
+        while len(self._arrivals) > self._max_count or (
+            len(self._arrivals) > self._min_count and self._arrivals[0][0] < at - self._seconds
+        ):
+            _, old = self._arrivals.popleft()
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+
+    def median(self) -> float | None:
+        """The median of the observations held (None before the first)."""
+        n = len(self._sorted)
+        if n == 0:
+            return None
+        middle = n // 2
+        if n % 2:
+            return self._sorted[middle]
+        return (self._sorted[middle - 1] + self._sorted[middle]) / 2
