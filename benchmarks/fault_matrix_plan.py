@@ -4,6 +4,7 @@ should set off."""
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from trainguard.contract import Action, Alert, Failure
 from trainguard.demo.config import NODES, DemoConfig
 from trainguard.demo.faults import FaultKind, fault_kinds
 from trainguard.demo.stack import DEMO_PACE, Pace, demo_policy, demo_thresholds
-from trainguard.remediation.policy import default_policy_text, parse_policy
+from trainguard.remediation.policy import Policy, default_policy_text, parse_policy
 from trainguard.thresholds import Thresholds, duration_seconds
 
 JOB_PREFIX = "fm-"
@@ -210,11 +211,16 @@ class Settings:
             return document
         return matrix_policy(cfg)
 
+    @functools.cached_property
+    def _parsed_policy(self) -> Policy:
+        """The policy as the service reads it (which rules match a matrix job does not depend
+        on the demo's paths)."""
+        return parse_policy(yaml.safe_dump(self.policy(DemoConfig(Path()))))
+
     def acts_on(self, spec: FaultSpec) -> bool:
         """Whether the policy repairs this fault (else its run ends once it is detected)."""
-        policy = parse_policy(yaml.safe_dump(self.policy(DemoConfig(Path()))))
         labels = {contract.LABEL_JOB_ID: f"{JOB_PREFIX}000"}
-        rules = (policy.plan(alert.value, labels) for alert in spec.alerts)
+        rules = (self._parsed_policy.plan(alert.value, labels) for alert in spec.alerts)
         return any(rule is not None and rule.opens_incidents for rule in rules)
 
     def detect_bound_s(self, spec: FaultSpec) -> float:
