@@ -275,6 +275,21 @@ def mildly_slow(factor: float, rank: int, from_point: int) -> Phases:
     return phases
 
 
+def slow_warm_up(factor: float, rank: int, until_point: int) -> Phases:
+    """Steps of some 3.4 s (so the 50 warm-up steps take 11 points); ``rank``'s forward and
+    backward ``factor`` times as long until ``until_point`` (compiling, tuning), then like the
+    others'."""
+
+    def phases(r: Rank, i: int) -> dict[str, float]:
+        p = {name: 10 * seconds for name, seconds in BASE.items()}
+        if r.rank == rank and i < until_point:
+            p["forward"] *= factor
+            p["backward"] *= factor
+        return p
+
+    return phases
+
+
 def fragmenting(oom_rank: int, oom_at: int) -> Callable[[Rank, int], tuple[float, float, float]]:
     """Allocated steady near 40 GiB; reserved creeps up to the 80 GiB capacity (cache held in
     blocks too fragmented to reuse) until the allocation that fails."""
@@ -359,6 +374,8 @@ OOM_NO_FIT = "oom-no-fit"  # allocated 74 of 80 GiB from the start; rank 1 then 
 OOM_UNEXPLAINED = "oom-unexplained"  # OOM at 40 of 80 GiB, no fragmentation or growth
 ECC = "ecc"  # 2 uncorrectable ECC errors on GPU 0 of node ec-b; corrected ones on ec-a
 HEALTHY = "healthy"
+# Rank 1 is 1.3x slower while the job warms up (points 0-9, its first 44 steps), then healthy.
+WARM_UP = "warm-up"
 MEMORY_CREEP = "mem-creep"  # rank 2's allocated memory creeps toward capacity; no OOM yet
 OOM_AND_RISK = "oom-and-risk"  # rank 1 grows until it OOMs; rank 3 creeps, no OOM yet
 # Rank 2 dies (the logs in tests/diagnose/logs/<job>/ say how) and torchrun restarts the worker
@@ -416,6 +433,7 @@ def history(t0: float) -> str:
     gpus(s, t0, ["xi-a", "xi-b"], 4, xid=("xi-b", 2, 79, 150))
     simulate(Job(HANG, layout("hg", 1, 3), hang_from=200, laggard=2, grad_sync_tail=True), s, t0)
     simulate(Job(HEALTHY, layout("ok", 1, 2), restarts=lambda i: 0.0), s, t0)
+    simulate(Job(WARM_UP, layout("wu", 1, 4), slow_warm_up(1.3, 1, 10)), s, t0)
     simulate(Job(MEMORY_CREEP, layout("mc", 2, 2), memory=creeping({2}, 120)), s, t0)
     grow_then_oom = growing(1)
     creep = creeping({3}, 120)

@@ -355,6 +355,15 @@ def test_a_healthy_job_reports_nothing(history: History, tmp_path: Path) -> None
     assert "No failure found" in markdown(report)
 
 
+def test_a_rank_slow_only_while_warming_up_is_no_straggler(
+    history: History, tmp_path: Path
+) -> None:
+    # Its compute share reads 1.2x its job's for its first 44 steps (150 s), past the fast
+    # rule's hold; the rule waits for the warm-up (warmup_steps), and so does diagnose.
+    report = run(history, synthetic.WARM_UP, tmp_path)
+    assert report.symptoms == [], [x.summary for x in report.symptoms]
+
+
 def test_the_command_writes_markdown_charts_and_json(
     history: History, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

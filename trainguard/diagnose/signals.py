@@ -230,7 +230,13 @@ def collect(
     sig.compute_sum = raw(f"sum by ({RANK_BY}) ({spec.sum_name}{{{job}}})")
     sig.compute_count = raw(f"sum by ({RANK_BY}) ({spec.count_name}{{{job}}})")
     sig.compute_scraped = raw(f"max by ({RANK_BY}) (timestamp({spec.count_name}{{{job}}}))")
-    sig.compute_share = raw(f"max by ({RANK_BY}) ({c.STEP_COMPUTE_SHARE.name}{{{job}}} > 0)")
+    # Past the rank's warm-up only, as TrainingStraggler's fast rule reads it: a rank's first
+    # steps after a (re)start are slow (compiling, tuning) and say nothing of its pace.
+    sig.compute_share = raw(
+        f"max by ({RANK_BY}) ({c.STEP_COMPUTE_SHARE.name}{{{job}}} > 0)\n"
+        f"and on ({RANK_BY}) (sum by ({RANK_BY}) ({c.STEPS.name}{{{job}}})"
+        f" >= {thresholds.warmup_steps})"
+    )
     sig.step_time = _by_rank(step_time)
     sig.last_step = _by_rank(last_step)
     sig.allocated = _by_rank(allocated)
