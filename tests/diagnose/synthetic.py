@@ -264,11 +264,12 @@ def slow(factor: float, phase: str, ranks: set[int], from_point: int) -> Phases:
     return phases
 
 
-def mildly_slow(factor: float, rank: int, from_point: int) -> Phases:
-    """``rank``'s forward and backward ``factor`` times as long from ``from_point`` on."""
+def mildly_slow(factor: float, rank: int, from_point: int, until_point: int = POINTS) -> Phases:
+    """``rank``'s forward and backward ``factor`` times as long from ``from_point`` on (until
+    ``until_point``)."""
 
     def phases(r: Rank, i: int) -> dict[str, float]:
-        if r.rank != rank or i < from_point:
+        if r.rank != rank or not from_point <= i < until_point:
             return dict(BASE)
         return {**BASE, "forward": BASE["forward"] * factor, "backward": BASE["backward"] * factor}
 
@@ -377,6 +378,8 @@ HEALTHY = "healthy"
 # Rank 1 is 1.3x slower while the job warms up (points 0-9, its first 44 steps), then healthy.
 WARM_UP = "warm-up"
 MEMORY_CREEP = "mem-creep"  # rank 2's allocated memory creeps toward capacity; no OOM yet
+# The same creep, and the rank 1.25x slower for 30 s at points 200-201 (a leak can slow it).
+MEMORY_CREEP_SLOW = "mem-creep-slow"
 OOM_AND_RISK = "oom-and-risk"  # rank 1 grows until it OOMs; rank 3 creeps, no OOM yet
 # Rank 2 dies (the logs in tests/diagnose/logs/<job>/ say how) and torchrun restarts the worker
 # group at point RESTART_AT: SIGKILL, or an error in its process group.
@@ -435,6 +438,16 @@ def history(t0: float) -> str:
     simulate(Job(HEALTHY, layout("ok", 1, 2), restarts=lambda i: 0.0), s, t0)
     simulate(Job(WARM_UP, layout("wu", 1, 4), slow_warm_up(1.3, 1, 10)), s, t0)
     simulate(Job(MEMORY_CREEP, layout("mc", 2, 2), memory=creeping({2}, 120)), s, t0)
+    simulate(
+        Job(
+            MEMORY_CREEP_SLOW,
+            layout("ms", 2, 2),
+            mildly_slow(1.25, 2, 200, 202),
+            memory=creeping({2}, 120),
+        ),
+        s,
+        t0,
+    )
     grow_then_oom = growing(1)
     creep = creeping({3}, 120)
     simulate(

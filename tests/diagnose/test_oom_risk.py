@@ -45,6 +45,19 @@ def test_memory_creeping_toward_capacity_names_the_rank(history: History) -> Non
     assert any("MiB/s while at risk" in e for e in top.evidence)
 
 
+def test_a_brief_slowdown_of_the_creeping_rank_does_not_outrank_its_creep(
+    history: History,
+) -> None:
+    # 30 s at 1.25x reads over the fast rule's factor for longer than its hold, but far less
+    # than diagnose's 300 s: a straggler of lesser weight than the memory about to run out.
+    report = diagnose(
+        history.url, synthetic.MEMORY_CREEP_SLOW, until=history.now, thresholds=synthetic.SHIPPED
+    )
+    assert report.failure is Failure.OOM and report.scope.ranks == [2]
+    straggler = next(x for x in report.symptoms if x.failure is Failure.STRAGGLER)
+    assert straggler.ranks == [2] and straggler.severity == 1
+
+
 def test_an_oom_outranks_the_risk_of_another_rank(history: History) -> None:
     report = diagnose(
         history.url, synthetic.OOM_AND_RISK, until=history.now, thresholds=synthetic.SHIPPED

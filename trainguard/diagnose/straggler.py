@@ -161,7 +161,7 @@ def analyse(ctx: Context) -> None:
             min(s.since for s in stragglers),
             slow,
             scope.nodes,
-            2,
+            _severity(ctx, stragglers),
         ),
         scope,
     )
@@ -175,6 +175,16 @@ def analyse(ctx: Context) -> None:
         _data_loading(ctx, found, matched)
     elif scope.level is ScopeLevel.RANK and not matched:
         _slow_rank(ctx, found, sig.node_of(worst.rank) in xid_nodes)
+
+
+def _severity(ctx: Context, stragglers: list[Straggler]) -> int:
+    """2, or 1 where no straggler held for diagnose's sustain (only the fast rule's shorter
+    hold, :func:`share_stragglers`): a rank slow for seconds is worth naming, but not above a
+    lasting symptom such as memory about to run out, which can slow a rank for a while."""
+    sig = ctx.sig
+    # A run of n points spans n - 1 steps of its grid.
+    held = max(s.until - s.since for s in stragglers) + max(sig.step, sig.raw_step)
+    return 2 if held >= sig.sustain_seconds else 1
 
 
 def _scope(ctx: Context, slow: list[int]) -> Scope:
