@@ -59,7 +59,7 @@ STUCK_STEPS = 3
 
 def _recent_straggler(t: Thresholds) -> AlertRule:
     """Each rank's recent share of its step spent on its own work (the hook's median over its
-    steps of the last 50 s, which no transient of 20 s moves) against its job's median share,
+    steps of the last 50 s, which a transient of 20 s only nudges) against its job's median share,
     held past a scrape or two that a whole job's change of pace lifts (docs/alerts.md). The
     slowest rank waits least, so its share is the highest; a share, not
     seconds, because ranks are scraped at different moments and a whole job slowing moves

@@ -34,7 +34,7 @@ STEP_COMPUTE_DURATION = histogram(
 # The timed steps a rank's recent compute share is taken over (as medians): those that ended in
 # its last RECENT_COMPUTE_SECONDS, at least RECENT_COMPUTE_MIN_OBSERVATIONS of them however old,
 # at most RECENT_COMPUTE_MAX_OBSERVATIONS however recent. More than twice the noise model's
-# longest neighbour burst (20 s), so no burst moves the median; a lasting change moves it once
+# longest neighbour burst (20 s), so a burst only nudges the median; a lasting change moves it once
 # it fills about half the window (docs/alerts.md#straggler-detection-fast-and-quiet).
 RECENT_COMPUTE_SECONDS = 50.0
 RECENT_COMPUTE_MIN_OBSERVATIONS = 16

@@ -3,9 +3,10 @@ its recent compute share (``trainguard_step_compute_share_ratio``), the fast str
 
 A window in time, not in steps, because what a straggler must be told apart from is a transient
 of a known length: a noisy neighbour slows a node for up to 20 s (docs/alerts.md). A median over
-:data:`~trainguard.contract.RECENT_COMPUTE_SECONDS` (more than twice that) is never moved by such
-a burst, at any step length, and follows a lasting change once it fills half the window; a
-window of a fixed number of steps spans a few seconds at short steps, and any burst moves it.
+:data:`~trainguard.contract.RECENT_COMPUTE_SECONDS` (more than twice that) is only nudged by such
+a burst (to a higher percentile of the normal steps), at any step length, and follows a lasting
+change once it fills half the window; a window of a fixed number of steps spans a few seconds
+at short steps, and a burst carries it.
 Bounded both ways: at least ``min_count`` observations however old (long steps, DDP timing one
 step in eight), at most ``max_count`` however recent (very short steps).
 """
