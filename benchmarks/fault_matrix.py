@@ -80,7 +80,6 @@ from trainguard.demo.run import fetch_incidents, wait_ready
 from trainguard.demo.stack import (
     Stack,
     TrainingJob,
-    demo_thresholds,
     ensure_binaries,
 )
 
@@ -94,7 +93,7 @@ class Matrix:
         self.settings = settings
         # Read once: what the rules were rendered from is what diagnose judges by, even if the
         # thresholds file changes while the matrix runs.
-        self.thresholds = demo_thresholds(settings.thresholds, settings.pace)
+        self.thresholds = settings.rule_thresholds
         self.prometheus = cfg.url("prometheus")
         self._ports_lock = threading.Lock()
         self._next_metrics_port = 9500

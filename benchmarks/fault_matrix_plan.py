@@ -212,6 +212,12 @@ class Settings:
         return matrix_policy(cfg)
 
     @functools.cached_property
+    def rule_thresholds(self) -> Thresholds:
+        """Every threshold the rules are rendered from, and diagnose judges by: the shipped
+        ones with the pace's and these settings' over them (read once)."""
+        return demo_thresholds(self.thresholds, self.pace)
+
+    @functools.cached_property
     def _parsed_policy(self) -> Policy:
         """The policy as the service reads it (which rules match a matrix job does not depend
         on the demo's paths)."""
@@ -226,7 +232,7 @@ class Settings:
     def detect_bound_s(self, spec: FaultSpec) -> float:
         """What p95 time to detect is held to: issue 33's targets at the shipped defaults, 2x
         the alert's configured delay at the fast ones."""
-        thresholds = demo_thresholds(self.thresholds, self.pace)
+        thresholds = self.rule_thresholds
         if self.name == SHIPPED:
             return min(shipped_detect_target(a, thresholds) for a in spec.alerts)
         return 2 * min(configured_delay(a, thresholds) for a in spec.alerts)
