@@ -130,6 +130,7 @@ class _Draw:
     step: Matrix
     grad_sync: Matrix
     job_step: float
+    inputs: Matrix  # each rank's batch size (its input elements, relative)
 
 
 class Fleet:
@@ -241,10 +242,11 @@ class Fleet:
         ):  # fmt: skip
             self._set(spec, 0.0)
         w = self.workload
-        # The hook's recent compute share: each rank's median compute over the steps of its
-        # last RECENT_COMPUTE_SECONDS over their median compute + sync wait (every step here,
-        # as on FSDP; on DDP the hook observes the steps DDP times). A ring of the latest
-        # steps, long enough for the window at steps half the workload's nominal length.
+        # The hook's recent compute share: each rank's median compute per input element over
+        # the steps of its last RECENT_COMPUTE_SECONDS, times its median input size over its
+        # last USUAL_BATCH_OBSERVATIONS steps, over their median compute + sync wait (every
+        # step here, as on FSDP; on DDP the hook observes the steps DDP times). A ring of the
+        # latest steps, long enough for the window at steps half the workload's nominal length.
         ring = min(
             contract.RECENT_COMPUTE_MAX_OBSERVATIONS,
             contract.RECENT_COMPUTE_MIN_OBSERVATIONS
@@ -252,6 +254,7 @@ class Fleet:
         )
         self._recent_compute = np.zeros((self.ranks, ring))
         self._recent_busy = np.zeros((self.ranks, ring))
+        self._usual_inputs = np.zeros((self.ranks, contract.USUAL_BATCH_OBSERVATIONS))
         self._recent_ended = np.full(ring, -math.inf)
         self._recent_seen = 0
         self._set(contract.STEP_COMPUTE_SHARE, 0.0)
@@ -277,7 +280,7 @@ class Fleet:
         w, n = self.workload, self.ranks
         jitter = 0.0 if self.noise is not None else w.jitter
         factors = self.rng.lognormal(0.0, jitter, size=(4, n)) * w.step_seconds
-        slow = self._noise_factors(at) if self.noise is not None else np.ones(n)
+        inputs, slow = self._noise_draws(at) if self.noise is not None else (np.ones(n), np.ones(n))
         live = np.ones(n, dtype=bool)
         if self.faults_at is not None:
             slow[self.slow_rank] *= w.slow_factor
@@ -304,20 +307,20 @@ class Fleet:
             step=step,
             grad_sync=sync_wait + w.sync_overlap * backward,
             job_step=float(np.max(step, where=live, initial=0.0)),
+            inputs=inputs,
         )
 
-    def _noise_factors(self, at: float) -> Matrix:
-        """Each rank's compute factor for the next step under the noise model."""
+    def _noise_draws(self, at: float) -> tuple[Matrix, Matrix]:
+        """Each rank's batch size and compute factor for the next step under the noise model."""
         noise = self.noise
         assert noise is not None
         step, elapsed = self.steps + 1, at - self.started_at
         busy = noise.neighbour_factor(noise.neighbour_node or "", elapsed)
-        return np.array(
-            [
-                noise.compute_factor(step, rank) * (busy if node == noise.neighbour_node else 1.0)
-                for rank, node in enumerate(self._nodes)
-            ]
-        )
+        draws = [noise.draw(step, rank) for rank in range(self.ranks)]
+        sizes = np.array([draw.batch_size for draw in draws])
+        factors = np.array([draw.compute_factor for draw in draws])
+        on_neighbour = np.array([node == noise.neighbour_node for node in self._nodes])
+        return sizes, np.where(on_neighbour, factors * busy, factors)
 
     def _observe(self, name: str, observed: Matrix) -> None:
         slots = self.histograms[name]
@@ -342,9 +345,10 @@ class Fleet:
             (contract.Phase.OPTIMIZER.value, d.optimizer),
         ):  # fmt: skip
             self._observe(name, observed)
-        ring = self._recent_ended.size
+        ring, usual = self._recent_ended.size, self._usual_inputs.shape[1]
         slot = self._recent_seen % ring
-        self._recent_compute[:, slot] = d.compute
+        self._recent_compute[:, slot] = d.compute / d.inputs
+        self._usual_inputs[:, self._recent_seen % usual] = d.inputs
         self._recent_busy[:, slot] = d.compute + d.sync_wait
         self._recent_ended[slot] = at
         self._recent_seen += 1
@@ -356,6 +360,7 @@ class Fleet:
         self._set(
             contract.STEP_COMPUTE_SHARE,
             np.median(self._recent_compute[:, kept], axis=1)
+            * np.median(self._usual_inputs[:, : min(usual, self._recent_seen)], axis=1)
             / np.median(self._recent_busy[:, kept], axis=1),
         )
         self._add(contract.COLLECTIVES_LAUNCHED, float(w.collectives_per_step))

@@ -261,6 +261,7 @@ def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers(handed_
         [(c.op, c.group, c.nbytes, c.start_ns, c.end_ns) for c in record.collectives],
         0,
         None,
+        0,
     )
     worker.start()
     try:
@@ -327,5 +328,52 @@ def test_the_recent_share_is_the_median_of_the_latest_seconds_past_an_outlier_an
         for _ in range(half + 2):  # it has become the slow one: it waits least, for longer
             worker.submit(step(next(steps), 20))
         assert share() == pytest.approx(0.9)
+    finally:
+        worker.stop()
+
+
+def test_the_recent_share_follows_the_ranks_speed_not_its_batch_sizes() -> None:
+    """Batches of seven sizes in turn, each step's compute in proportion to its batch and the
+    rest of its 200 ms blocked on a peer: the share is the rank's compute at its usual batch.
+    Once a slowdown of 1.2x fills just over half the window, the share reads it whole; a median
+    of the raw compute, mixing old small batches with new large ones, would not yet."""
+    registry, metrics, labels = rank_metrics()
+    worker = _sharded_worker(metrics, labels)
+    shard = FakeGroup("3", "mesh_shard")
+    sizes = [400, 1600, 1000, 1250, 750, 1100, 900]
+
+    def step(index: int, ms_per_thousand: float) -> StepRecord:
+        start = (1000 + 2000 * index) * MS
+        size = sizes[index % len(sizes)]
+        compute = round(ms_per_thousand * size / 1000 * MS)
+        return StepRecord(
+            step=index,
+            start_ns=start,
+            forward_start_ns=start,
+            forward_end_ns=start + 10 * MS,
+            forward_ns=10 * MS,
+            optimizer_start_ns=start + 200 * MS,
+            end_ns=start + 210 * MS,
+            data_wait_ns=0,
+            collectives=[
+                Collective("reduce_scatter", shard, 4096, start + compute, start + 200 * MS, True)
+            ],
+            input_elements=size * 4096,
+        )
+
+    def share() -> float:
+        assert worker.flush()
+        return registry.get_sample_value(contract.STEP_COMPUTE_SHARE.name, labels) or 0.0
+
+    held = round(contract.RECENT_COMPUTE_SECONDS / 2) + 1  # one every 2 s, both ends held
+    steps = iter(range(1000))
+    worker.start()
+    try:
+        for _ in range(2 * held):
+            worker.submit(step(next(steps), 100.0))
+        assert share() == pytest.approx(0.5)  # 100 ms of 200 at its usual batch
+        for _ in range(held // 2 + 1):
+            worker.submit(step(next(steps), 120.0))
+        assert share() == pytest.approx(0.6)
     finally:
         worker.stop()

@@ -39,11 +39,17 @@ STEP_COMPUTE_DURATION = histogram(
 RECENT_COMPUTE_SECONDS = 50.0
 RECENT_COMPUTE_MIN_OBSERVATIONS = 16
 RECENT_COMPUTE_MAX_OBSERVATIONS = 2048
+# A rank's usual batch, which its recent compute is scaled to (its compute per input element
+# times this): the median input size of its last USUAL_BATCH_OBSERVATIONS timed steps. Many more
+# than the recent window's, so that every rank of a job reads nearly the same usual batch: a
+# median of 50 sizes that vary by 8% varies by 1.5% itself, and would move a rank's share by that.
+USUAL_BATCH_OBSERVATIONS = 2048
 STEP_COMPUTE_SHARE = gauge(
     "step_compute_share_ratio",
     f"The share of its step this rank spends on its own work over the timed steps of its last "
     f"{RECENT_COMPUTE_SECONDS:g} s (at least {RECENT_COMPUTE_MIN_OBSERVATIONS}): their median "
-    "compute over their median compute + sync wait, as step_compute_duration_seconds and "
+    "compute at the rank's usual batch (median compute per input element times median input "
+    "elements) over their median compute + sync wait, as step_compute_duration_seconds and "
     "sync_wait_duration_seconds observe them (0 until a step with both). The slowest rank "
     "waits least, so its share is the job's highest; a whole job slowing moves every rank's "
     "alike. The fast straggler signal.",

@@ -9,8 +9,9 @@ noise") where its figure comes from:
   step times), and about one step in ``outlier_every`` is an outlier of 2-3x;
 - ``skewed_rank`` / ``skew``: one rank is slower for the whole run, within tolerance (a slower
   GPU, a hotter slot);
-- ``batch_cv``: a step's cost follows its batch (variable sequence lengths), differently on
-  every rank;
+- ``batch_cv`` / ``attention_share``: a step's batch varies in size (variable sequence
+  lengths), differently on every rank, and its cost follows the size, a little more than in
+  proportion (attention's share of the compute grows with the length);
 - ``gc_every`` / ``gc_seconds``, ``eval_every`` / ``eval_seconds``: whole-job pauses (a garbage
   collection, an evaluation) that slow every rank together at the same step;
 - ``neighbour_node``: a noisy neighbour process on one node slows its ranks' compute by
@@ -46,6 +47,15 @@ class Burst:
 
 
 @dataclass(frozen=True)
+class StepDraw:
+    """One rank's step under the noise: its batch's size relative to the mean, and how many
+    times its nominal compute it takes."""
+
+    batch_size: float
+    compute_factor: float
+
+
+@dataclass(frozen=True)
 class Noise:
     """A healthy job's noise. ``Noise()`` is the realistic model; ``Noise.none()`` is silence."""
 
@@ -57,6 +67,7 @@ class Noise:
     skewed_rank: int | None = 1
     skew: float = 1.04
     batch_cv: float = 0.08
+    attention_share: float = 0.15
     gc_every: int = 50
     gc_seconds: float = 0.05
     eval_every: int = 0
@@ -76,6 +87,7 @@ class Noise:
             "outlier_low": 1 <= self.outlier_low <= self.outlier_high,
             "skew": self.skew > 0,
             "batch_cv": 0 <= self.batch_cv < 1,
+            "attention_share": 0 <= self.attention_share <= 1,
             "gc_every": self.gc_every >= 0 and self.gc_seconds >= 0,
             "eval_every": self.eval_every >= 0 and self.eval_seconds >= 0,
             "burst_seconds": self.burst_seconds > 0
@@ -130,20 +142,32 @@ class Noise:
             (int.from_bytes(digest[i : i + 8], "little") + 0.5) / 2**64 for i in range(0, 48, 8)
         ]
 
-    def compute_factor(self, step: int, rank: int) -> float:
-        """How many times its nominal compute this rank's ``step`` takes (bursts aside)."""
+    @staticmethod
+    def _normal(first: float, second: float) -> float:
+        """A standard normal from two uniforms (Box-Muller)."""
+        return math.sqrt(-2 * math.log(first)) * math.cos(2 * math.pi * second)
+
+    def draw(self, step: int, rank: int) -> StepDraw:
+        """This rank's batch size at ``step`` and how much compute it takes (bursts aside)."""
         u = self._uniforms(step, rank)
-        # Two standard normals from four uniforms (Box-Muller).
-        normal_a = math.sqrt(-2 * math.log(u[0])) * math.cos(2 * math.pi * u[1])
-        normal_b = math.sqrt(-2 * math.log(u[2])) * math.cos(2 * math.pi * u[3])
-        factor = math.exp(self.sigma * normal_a)
-        # A batch's cost around its mean, kept positive: variable sequence lengths.
-        factor *= max(0.1, 1.0 + self.batch_cv * normal_b)
+        size = max(0.1, 1.0 + self.batch_cv * self._normal(u[2], u[3]))
+        factor = math.exp(self.sigma * self._normal(u[0], u[1]))
+        # The batch's cost: linear in its size, but for attention's part, quadratic in it.
+        factor *= size * (1.0 - self.attention_share + self.attention_share * size)
         if self.outlier_every and u[4] < 1.0 / self.outlier_every:
             factor *= self.outlier_low + (self.outlier_high - self.outlier_low) * u[5]
         if rank == self.skewed_rank:
             factor *= self.skew
-        return factor
+        return StepDraw(size, factor)
+
+    def batch_size(self, step: int, rank: int) -> float:
+        """The size of this rank's batch at ``step`` (its sequence length, padded per batch),
+        relative to the mean, kept positive."""
+        return self.draw(step, rank).batch_size
+
+    def compute_factor(self, step: int, rank: int) -> float:
+        """How many times its nominal compute this rank's ``step`` takes (bursts aside)."""
+        return self.draw(step, rank).compute_factor
 
     def pause_seconds(self, step: int) -> float:
         """Seconds every rank pauses before ``step`` (a collection, an evaluation): the whole

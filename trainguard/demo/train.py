@@ -14,8 +14,9 @@ Compute takes ``--step-seconds`` per step in ``forward``: ``--compute-share`` of
 arithmetic (square matmuls, as many as that share of the step takes on this machine, counted once
 for the job), the rest a sleep that stands for the time a GPU job's host thread waits on its
 kernels, so four ranks fit on a laptop and still feel CPU contention. A healthy job's noise
-(``--noise``, :class:`~trainguard.demo.noise.Noise`) varies it per step and rank, pauses the whole
-job now and then, and can slow one node in bursts; a straggler computes ``factor`` times as long.
+(``--noise``, :class:`~trainguard.demo.noise.Noise`) varies it per step and rank (a batch's
+sequences vary in length, and its compute with them), pauses the whole job now and then, and can
+slow one node in bursts; a straggler computes ``factor`` times as long.
 Data comes through ``wrap_dataloader`` (``--data-seconds`` per batch) and the gradient sync
 through a comm hook, so the faults of ``trainguard.demo.faults`` can slow or stop each of them
 (through :class:`~trainguard.demo.sabotage.Sabotage`, the knobs they turn). Rank 0 appends one
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import threading
@@ -112,11 +114,16 @@ class DemoNet(nn.Module):
         seconds = self.sabotage.work_seconds * self.noise_factor * x.shape[0] / BATCH_SIZE
         if seconds:
             self.work(seconds)
-        out: torch.Tensor = self.layers(x)
+        # Sequences of one batch: the layers see each sequence's mean (the arithmetic that
+        # stands for a sequence's cost is the work above).
+        out: torch.Tensor = self.layers(x.mean(dim=1))
         return out
 
 
 BATCH_SIZE = 32
+# A batch's sequences are this long at the mean; each batch's length varies with the noise
+# model's batch size (padded per batch), and its compute with it.
+SEQUENCE_LENGTH = 64
 
 
 class Checkpoints:
@@ -181,9 +188,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def batch(step: int, rank: int) -> torch.Tensor:
+def batch(noise: Noise, step: int, rank: int) -> torch.Tensor:
+    """The batch of ``step`` on ``rank``: its sequences as long as the noise model's batch
+    size says (what the hook reads a batch's work from, as from a real padded batch)."""
     generator = torch.Generator().manual_seed(step * 7919 + rank)
-    return torch.randn(BATCH_SIZE, WIDTH, generator=generator)
+    length = max(1, round(SEQUENCE_LENGTH * noise.batch_size(step, rank)))
+    return torch.randn(BATCH_SIZE, length, WIDTH, generator=generator)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(0)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    sabotage = Sabotage(batch, args.step_seconds, args.data_seconds, BATCH_SIZE)
     noise: Noise = args.noise
+    sabotage = Sabotage(
+        functools.partial(batch, noise), args.step_seconds, args.data_seconds, BATCH_SIZE
+    )
     net = DemoNet(sabotage, Work.for_job(args.compute_share))
     model = DistributedDataParallel(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -182,6 +182,13 @@ class InstrumentationConfig:
             split (compute / sync wait) and DDP's gradient-sync histogram and span come from
             those sampled steps (1 = every step, at some 20-40 us of the training thread's
             time per step; the default 8 costs an eighth of that).
+        work_from_inputs: scale each step's compute to the rank's usual batch before taking the
+            recent share's median (``trainguard_step_compute_share_ratio``), by the elements of
+            the tensors ``forward`` was given (:func:`.steps.input_elements`): where batches vary
+            in size (sequences padded per batch), a rank's share then follows its speed, not its
+            batches, and a straggler stands out sooner. Costs nothing where inputs keep one
+            size. Turn off where the inputs' size does not follow the cost (a variable-size
+            side input). Default on.
         tracing: build OpenTelemetry spans; default on when an OTLP endpoint is configured
             (``OTEL_EXPORTER_OTLP_ENDPOINT``) or a span exporter is passed in.
         watchdog: run the collective watchdog thread.
@@ -222,6 +229,7 @@ class InstrumentationConfig:
     per_bucket: bool | None = None
     metrics_detail: bool | None = None
     runtime_stats_every: int = 8
+    work_from_inputs: bool = True
     tracing: bool | None = None
     stall_floor_seconds: float | None = None
     stall_factor: float = DEFAULT_STALL_FACTOR

@@ -153,7 +153,9 @@ class Instrumentation:
             errors=self.errors,
             clock=self.clock,
         )
-        self.steps = StepRecorder(self.clock, self.errors, self.oom_guard.on_oom)
+        self.steps = StepRecorder(
+            self.clock, self.errors, self.oom_guard.on_oom, config.work_from_inputs
+        )
 
     # -- public -------------------------------------------------------------------------------
     @property

@@ -8,7 +8,8 @@ a burst (to a higher percentile of the normal steps), at any step length, and fo
 change once it fills half the window; a window of a fixed number of steps spans a few seconds
 at short steps, and a burst carries it.
 Bounded both ways: at least ``min_count`` observations however old (long steps, DDP timing one
-step in eight), at most ``max_count`` however recent (very short steps).
+step in eight), at most ``max_count`` however recent (very short steps). A window of
+``math.inf`` seconds is bounded by the count alone (the rank's usual batch size).
 """
 
 from __future__ import annotations

@@ -30,7 +30,19 @@ class BucketTiming:
 # A step as the training thread hands it over: StepRecord's fields in order, the collectives
 # still the timeline's entries.
 RawStep = tuple[
-    int, int, int, int, int, int, int, int, list[BucketTiming], list[Entry], int, RawLoggingData
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    list[BucketTiming],
+    list[Entry],
+    int,
+    RawLoggingData,
+    int,
 ]
 
 
@@ -54,6 +66,9 @@ class StepRecord:
     # DDP's logging data as read right after this step's forward that published a sampled
     # iteration's timers (the previous step's, usually), or None (see .reducer.TimerReads).
     reducer_data: RawLoggingData = None
+    # Elements of the tensors the step's forwards were given (0: none, or not counted): how
+    # much work its batch asked for, where the batch's size varies (see .steps).
+    input_elements: int = 0
     # On DDP, the step's spans leave before its timers are read: whether they have, and
     # whether its gradient sync's span has too (the worker's own bookkeeping).
     spans_sent: bool = False
@@ -63,7 +78,7 @@ class StepRecord:
     def from_raw(cls, raw: RawStep) -> StepRecord:
         """The record of what the training thread handed over (on the worker thread)."""
         (step, start, forward_start, forward_end, forward, optimizer, end, data_wait) = raw[:8]
-        buckets, entries, overflow, reducer_data = raw[8:]
+        buckets, entries, overflow, reducer_data, input_elements = raw[8:]
         return cls(
             step=step,
             start_ns=start,
@@ -77,6 +92,7 @@ class StepRecord:
             collectives=resolve(entries),
             collectives_overflow=overflow,
             reducer_data=reducer_data,
+            input_elements=input_elements,
         )
 
     @property

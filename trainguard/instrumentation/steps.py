@@ -1,7 +1,8 @@
 """The training thread's share of the hook: the wrappers around ``forward`` and the optimizer's
 ``step`` that mark when each step's phases begin and end.
 
-What runs here is kept to clock reads and attribute stores. At a step's end one tuple of its
+What runs here is kept to clock reads, attribute stores and a count of the elements ``forward`` is
+given (:func:`input_elements`: a batch's size, when batches vary). At a step's end one tuple of its
 times (:data:`.records.RawStep`) goes to the worker thread, which does everything else; the
 collective timeline (:mod:`.timeline`) records the step's collectives as they are issued. On
 DDP the forward that publishes a sampled iteration's reducer timers also copies them (see
@@ -11,7 +12,7 @@ DDP the forward that publishes a sampled iteration's reducer timers also copies 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -27,6 +28,21 @@ from trainguard.instrumentation.worker import StepWorker
 T = TypeVar("T")
 
 
+def input_elements(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """Elements of the tensors a ``forward`` call was given: its arguments, and the values of a
+    mapping or the items of a list or tuple among them (a batch passed as a dict or a pair), one
+    level deep. What a step's compute follows where batches vary in size (variable sequence
+    lengths, padded per batch); constant where they do not."""
+    total = 0
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            total += value.numel()
+        elif isinstance(value, Mapping | list | tuple):
+            items = value.values() if isinstance(value, Mapping) else value
+            total += sum(item.numel() for item in items if isinstance(item, torch.Tensor))
+    return total
+
+
 class StepRecorder:
     """Times each step of the training loop and hands it to the worker (training thread)."""
 
@@ -35,10 +51,12 @@ class StepRecorder:
         clock: StepClock,
         errors: ErrorBudget,
         on_oom: Callable[[str, BaseException | None], None],
+        count_inputs: bool = True,
     ) -> None:
         self.clock = clock
         self.errors = errors
         self._on_oom = on_oom
+        self._count_inputs = count_inputs
         self.active = False
         # Set at installation; the worker is None until it runs, the rest where they apply.
         self.worker: StepWorker | None = None
@@ -56,6 +74,7 @@ class StepRecorder:
         self._forward_end = 0
         self._forward_ns = 0
         self._data_ns = 0
+        self._input_elements = 0
         self._previous_end = 0
 
     # --- wrapping ------------------------------------------------------------------------------
@@ -102,6 +121,8 @@ class StepRecorder:
             start = time.perf_counter_ns()
             if self._forward_start == 0 or not self._has_optimizer:
                 self._begin_step(start)
+            if self._count_inputs:
+                self._input_elements += input_elements(args, kwargs)
             reads = self.timer_reads
             # Asked before DDP's forward, which counts its iteration as it starts.
             publishes = reads is not None and reads.before_forward()
@@ -185,6 +206,7 @@ class StepRecorder:
             collectives,
             overflow,
             self._reducer_data,
+            self._input_elements,
         )
         self._reducer_data = None
         self.clock.recent.append((end - previous_end) / 1e9)
@@ -194,6 +216,7 @@ class StepRecorder:
         self.clock.step += 1
         self._previous_end = end
         self._forward_start = self._forward_end = self._forward_ns = self._data_ns = 0
+        self._input_elements = 0
         if self.worker is not None:
             try:
                 self.worker.submit(record)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -154,7 +155,8 @@ class StepWorker(BackgroundThread):
         self._unmatched: ReducerStats | None = None
         # (bytes, buckets) of DDP's gradient sync as the last timed step had them.
         self._sync_bytes = (0, 0)
-        # Compute, and compute + sync wait, of the latest timed steps, in seconds.
+        # Of the latest timed steps: compute per input element, and compute + sync wait in
+        # seconds; of many more, input elements (see _observe_compute).
         self._recent_compute, self._recent_busy = (
             RecentMedian(
                 contract.RECENT_COMPUTE_SECONDS,
@@ -163,6 +165,7 @@ class StepWorker(BackgroundThread):
             )
             for _ in range(2)
         )
+        self._usual_inputs = RecentMedian(math.inf, 1, contract.USUAL_BATCH_OBSERVATIONS)
         self._steps_without_timers = 0
         self._reads_without_timers = 0
         self._last_alloc_retries: int | None = None
@@ -472,7 +475,15 @@ class StepWorker(BackgroundThread):
         (the fast straggler signal; :mod:`.recent`). Medians, so an outlier step moves
         neither; a ratio of the two, so a whole job slowing moves both at the steps it slows,
         whenever the rank is scraped; and not a median of each step's share, which the slowest
-        rank's time, common to every rank and varying from step to step, would spread."""
+        rank's time, common to every rank and varying from step to step, would spread.
+
+        The compute is taken at the rank's usual batch: the median of compute per input
+        element times the median input size of its last
+        :data:`~trainguard.contract.USUAL_BATCH_OBSERVATIONS` timed steps (the same as the
+        median compute where the inputs keep one size). Where batches vary, most of a rank's
+        step-to-step spread is its batch (docs/demo.md), and a straggler must outlast that
+        spread before the median shows it; scaled, it shows once its slowdown fills half the
+        window. A step that counted no inputs counts as a usual one."""
         m = self._metrics
         compute = _seconds(compute_ns)
         m.compute_duration.observe(compute)
@@ -481,11 +492,14 @@ class StepWorker(BackgroundThread):
         wait = _seconds(wait_ns)
         m.sync_wait_duration.observe(wait)
         ended = _seconds(record.end_ns)
-        self._recent_compute.add(ended, compute)
+        inputs = float(record.input_elements) or self._usual_inputs.median() or 1.0
+        self._usual_inputs.add(ended, inputs)
+        self._recent_compute.add(ended, compute / inputs)
         self._recent_busy.add(ended, compute + wait)
-        busy, local = self._recent_busy.median(), self._recent_compute.median()
-        if busy and local is not None:
-            m.compute_share.set(local / busy)
+        busy, per_input = self._recent_busy.median(), self._recent_compute.median()
+        usual_inputs = self._usual_inputs.median()
+        if busy and per_input is not None and usual_inputs is not None:
+            m.compute_share.set(per_input * usual_inputs / busy)
 
     def _send_awaited_syncs(self) -> None:
         """The sync spans of the steps still awaiting DDP's timers, now, marked ``unread``
