@@ -243,7 +243,7 @@ class Fleet:
             self._set(spec, 0.0)
         w = self.workload
         # The hook's recent compute share: each rank's median compute per input element over
-        # the steps of its last RECENT_COMPUTE_SECONDS, times its median input size over its
+        # the steps of its last RECENT_COMPUTE_SECONDS, times its mean input size over its
         # last USUAL_BATCH_OBSERVATIONS steps, over their median compute + sync wait (every
         # step here, as on FSDP; on DDP the hook observes the steps DDP times). A ring of the
         # latest steps, long enough for the window at steps half the workload's nominal length.
@@ -360,7 +360,7 @@ class Fleet:
         self._set(
             contract.STEP_COMPUTE_SHARE,
             np.median(self._recent_compute[:, kept], axis=1)
-            * np.median(self._usual_inputs[:, : min(usual, self._recent_seen)], axis=1)
+            * np.mean(self._usual_inputs[:, : min(usual, self._recent_seen)], axis=1)
             / np.median(self._recent_busy[:, kept], axis=1),
         )
         self._add(contract.COLLECTIVES_LAUNCHED, float(w.collectives_per_step))

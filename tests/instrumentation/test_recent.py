@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.instrumentation.recent import RecentMedian
+from trainguard.instrumentation.recent import RecentMean, RecentMedian
 
 
 def test_it_holds_the_last_seconds_of_observations() -> None:
@@ -36,3 +36,13 @@ def test_a_bad_window_is_refused() -> None:
         RecentMedian(10.0, min_count=5, max_count=4)
     with pytest.raises(ValueError, match="bad window"):
         RecentMedian(0.0, min_count=1, max_count=4)
+
+
+def test_the_usual_batch_is_the_mean_of_the_latest_counts() -> None:
+    usual = RecentMean(3)
+    assert usual.mean() is None
+    for value in (9.0, 1.0, 2.0, 3.0):  # the 9.0 leaves: three at most
+        usual.add(value)
+    assert len(usual) == 3 and usual.mean() == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="bad window"):
+        RecentMean(0)

@@ -40,7 +40,7 @@ RECENT_COMPUTE_SECONDS = 50.0
 RECENT_COMPUTE_MIN_OBSERVATIONS = 16
 RECENT_COMPUTE_MAX_OBSERVATIONS = 2048
 # A rank's usual batch, which its recent compute is scaled to (its compute per input element
-# times this): the median input size of its last USUAL_BATCH_OBSERVATIONS timed steps. Many more
+# times this): the mean input size of its last USUAL_BATCH_OBSERVATIONS timed steps. Many more
 # than the recent window's, so that every rank of a job reads nearly the same usual batch: a
 # median of 50 sizes that vary by 8% varies by 1.5% itself, and would move a rank's share by that.
 USUAL_BATCH_OBSERVATIONS = 2048

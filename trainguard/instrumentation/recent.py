@@ -8,8 +8,8 @@ a burst (to a higher percentile of the normal steps), at any step length, and fo
 change once it fills half the window; a window of a fixed number of steps spans a few seconds
 at short steps, and a burst carries it.
 Bounded both ways: at least ``min_count`` observations however old (long steps, DDP timing one
-step in eight), at most ``max_count`` however recent (very short steps). A window of
-``math.inf`` seconds is bounded by the count alone (the rank's usual batch size).
+step in eight), at most ``max_count`` however recent (very short steps). Beside it,
+:class:`RecentMean`, the rank's usual batch size that its compute is scaled to.
 """
 
 from __future__ import annotations
@@ -52,3 +52,28 @@ class RecentMedian:
         if n % 2:
             return self._sorted[middle]
         return (self._sorted[middle - 1] + self._sorted[middle]) / 2
+
+
+class RecentMean:
+    """The mean of the latest ``max_count`` observations: a rank's usual batch size. Counts
+    of input elements are exact, not timings, so the mean (a quarter less spread than the median
+    of a normal sample) has no outlier to be robust to."""
+
+    def __init__(self, max_count: int) -> None:
+        if max_count <= 0:
+            raise ValueError(f"bad window: {max_count} observations")
+        self._values: collections.deque[float] = collections.deque(maxlen=max_count)
+        self._total = 0.0
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def add(self, value: float) -> None:
+        if len(self._values) == self._values.maxlen:
+            self._total -= self._values[0]
+        self._values.append(value)
+        self._total += value
+
+    def mean(self) -> float | None:
+        """The mean of the observations held (None before the first)."""
+        return self._total / len(self._values) if self._values else None

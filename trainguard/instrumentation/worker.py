@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import time
 from collections.abc import Callable
 
@@ -45,7 +44,7 @@ from trainguard.instrumentation.config import Identity
 from trainguard.instrumentation.errors import ErrorBudget
 from trainguard.instrumentation.memory import MemorySampler
 from trainguard.instrumentation.metrics import RankMetrics
-from trainguard.instrumentation.recent import RecentMedian
+from trainguard.instrumentation.recent import RecentMean, RecentMedian
 from trainguard.instrumentation.records import BucketTiming, RawStep, StepRecord
 from trainguard.instrumentation.reducer import RawLoggingData, ReducerStats, parse_logging_data
 from trainguard.instrumentation.step_spans import StepSpans, by_role
@@ -165,7 +164,7 @@ class StepWorker(BackgroundThread):
             )
             for _ in range(2)
         )
-        self._usual_inputs = RecentMedian(math.inf, 1, contract.USUAL_BATCH_OBSERVATIONS)
+        self._usual_inputs = RecentMean(contract.USUAL_BATCH_OBSERVATIONS)
         self._steps_without_timers = 0
         self._reads_without_timers = 0
         self._last_alloc_retries: int | None = None
@@ -478,7 +477,7 @@ class StepWorker(BackgroundThread):
         rank's time, common to every rank and varying from step to step, would spread.
 
         The compute is taken at the rank's usual batch: the median of compute per input
-        element times the median input size of its last
+        element times the mean input size of its last
         :data:`~trainguard.contract.USUAL_BATCH_OBSERVATIONS` timed steps (the same as the
         median compute where the inputs keep one size). Where batches vary, most of a rank's
         step-to-step spread is its batch (docs/demo.md), and a straggler must outlast that
@@ -492,12 +491,12 @@ class StepWorker(BackgroundThread):
         wait = _seconds(wait_ns)
         m.sync_wait_duration.observe(wait)
         ended = _seconds(record.end_ns)
-        inputs = float(record.input_elements) or self._usual_inputs.median() or 1.0
-        self._usual_inputs.add(ended, inputs)
+        inputs = float(record.input_elements) or self._usual_inputs.mean() or 1.0
+        self._usual_inputs.add(inputs)
         self._recent_compute.add(ended, compute / inputs)
         self._recent_busy.add(ended, compute + wait)
         busy, per_input = self._recent_busy.median(), self._recent_compute.median()
-        usual_inputs = self._usual_inputs.median()
+        usual_inputs = self._usual_inputs.mean()
         if busy and per_input is not None and usual_inputs is not None:
             m.compute_share.set(per_input * usual_inputs / busy)
 
