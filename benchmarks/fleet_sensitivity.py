@@ -22,6 +22,9 @@ with one line per factor and the healthy jobs' line::
     healthy_rank_hours=<h> false_alerts=<k> false_alerts_per_1000_rank_hours=<r>
 
     .venv/bin/python -m benchmarks.fleet_sensitivity --jobs-per-factor 25 --horizon 20
+
+``--merge A/sensitivity.json B/sensitivity.json --out C`` runs nothing and pools earlier runs (a
+few factors each, at 200 jobs per factor) into one table and plot.
 """
 
 from __future__ import annotations
@@ -194,7 +197,7 @@ def judge(
 
 
 def summarize(
-    results: list[JobResult], factors: list[float], ranks: int, healthy_hours: float
+    results: list[JobResult], factors: list[float], healthy_rank_hours: float
 ) -> dict[str, Any]:
     rows = []
     for factor in factors:
@@ -211,16 +214,31 @@ def summarize(
             }
         )
     healthy = [r for r in results if r.plan.factor == 1.0]
-    rank_hours = len(healthy) * ranks * healthy_hours
     false_alerts = sum(len(r.false_alerts) for r in healthy)
     return {
         "rows": rows,
-        "healthy_rank_hours": rank_hours,
+        "healthy_rank_hours": healthy_rank_hours,
         "false_alerts": false_alerts,
-        "false_alerts_per_1000_rank_hours": 1000 * false_alerts / rank_hours
-        if rank_hours
+        "false_alerts_per_1000_rank_hours": 1000 * false_alerts / healthy_rank_hours
+        if healthy_rank_hours
         else None,
     }
+
+
+def merge(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One summary of several runs' (``sensitivity.json``): their jobs pooled, the factors of
+    all, the healthy rank-hours added up, the shortest horizon. Runs of a few factors each fit
+    a machine that one run of every factor at 200 jobs would not."""
+    results = [
+        JobResult(JobPlan(**r["plan"]), r["started_at"], r["detect_s"], list(r["false_alerts"]))
+        for summary in summaries
+        for r in summary["results"]
+    ]
+    factors = sorted({r.plan.factor for r in results} - {1.0})
+    pooled = summarize(results, factors, sum(s["healthy_rank_hours"] for s in summaries))
+    pooled["results"] = [asdict(r) for r in results]
+    pooled["horizon_s"] = min(s["horizon_s"] for s in summaries)
+    return pooled
 
 
 def lines(summary: dict[str, Any]) -> list[str]:
@@ -353,8 +371,9 @@ def _watch(
         if stop.wait(POLL_SECONDS):
             raise RunError("stopped")
     results = judge(jobs.plans, started, fired)
-    healthy_hours = (end - began) / 3600
-    summary = summarize(results, args.factors, args.ranks_per_job, healthy_hours)
+    healthy_jobs = sum(1 for plan in jobs.plans if plan.factor == 1.0)
+    rank_hours = healthy_jobs * args.ranks_per_job * (end - began) / 3600
+    summary = summarize(results, args.factors, rank_hours)
     summary["results"] = [asdict(r) for r in results]
     summary["horizon_s"] = 60 * args.horizon
     return summary
@@ -390,11 +409,25 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("build/fleet-sensitivity"))
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: pool earlier runs' sensitivity.json into one table and plot in --out",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
+    if args.merge:
+        try:
+            summary = merge([json.loads(path.read_text()) for path in args.merge])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            print(f"fleet_sensitivity: cannot merge {args.merge}: {error}", file=sys.stderr)
+            return 2
+        return _write(args.out, summary)
     if args.ranks_per_job < 3 or args.jobs_per_factor < 1 or args.horizon <= 0:
         print("--ranks-per-job >= 3, --jobs-per-factor >= 1, --horizon > 0", file=sys.stderr)
         return 2
@@ -405,9 +438,13 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as error:
         print(f"fleet_sensitivity: {error}", file=sys.stderr)
         return 1
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sensitivity.json").write_text(json.dumps(summary, indent=1))
-    plot(summary, summary["horizon_s"], args.out / "sensitivity.png")
+    return _write(args.out, summary)
+
+
+def _write(out: Path, summary: dict[str, Any]) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sensitivity.json").write_text(json.dumps(summary, indent=1))
+    plot(summary, summary["horizon_s"], out / "sensitivity.png")
     for line in lines(summary):
         print(line, flush=True)
     return 0

@@ -4,9 +4,23 @@ twenty minutes) are the benchmark's own, recorded in docs/fault-matrix.md."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from benchmarks.fleet_sensitivity import JobPlan, judge, lines, plan_jobs, summarize
+from benchmarks.fleet_sensitivity import (
+    JobPlan,
+    JobResult,
+    judge,
+    lines,
+    main,
+    merge,
+    plan_jobs,
+    summarize,
+)
 from trainguard.demo.noise import Noise
 
 STRAGGLER = "TrainingStraggler"
@@ -43,7 +57,7 @@ def test_a_slowdown_is_detected_by_its_own_rank_s_alert_after_it_started() -> No
     assert results["c"].detect_s is None and results["c"].false_alerts == [f"{STRAGGLER} rank 2"]
     assert results["h"].false_alerts == [f"{STRAGGLER} rank 1"]
 
-    summary = summarize(list(results.values()), [1.5], ranks=16, healthy_hours=0.5)
+    summary = summarize(list(results.values()), [1.5], healthy_rank_hours=8.0)
     (row,) = summary["rows"]
     assert (row["jobs"], row["detection"], row["p50_detect_s"]) == (3, pytest.approx(1 / 3), 60.0)
     # One healthy job of 16 ranks for half an hour: 8 rank-hours, one false alert.
@@ -53,3 +67,42 @@ def test_a_slowdown_is_detected_by_its_own_rank_s_alert_after_it_started() -> No
         "factor=1.5 jobs=3 detection=0.3333 p50_detect_s=60.0 p95_detect_s=60.0",
         "healthy_rank_hours=8.00 false_alerts=1 false_alerts_per_1000_rank_hours=125.00",
     ]
+
+
+def _run(
+    factor: float, detects: list[float | None], healthy_false: int, hours: float
+) -> dict[str, Any]:
+    """A run's sensitivity.json of one factor's jobs and one healthy job."""
+    results = [
+        JobResult(JobPlan(f"{factor}-{i}", factor, 2, 0.0, i), 0.0, detect)
+        for i, detect in enumerate(detects)
+    ]
+    results.append(
+        JobResult(JobPlan(f"h{factor}", 1.0, 2, 0.0, 9), None, None, ["x"] * healthy_false)
+    )
+    summary = summarize(results, [factor], hours)
+    summary["results"] = [asdict(r) for r in results]
+    summary["horizon_s"] = 300.0 if factor < 2 else 240.0
+    decoded: dict[str, Any] = json.loads(json.dumps(summary))
+    return decoded
+
+
+def test_runs_of_a_few_factors_each_pool_into_one_table(tmp_path: Path) -> None:
+    first = _run(1.15, [40.0, 50.0, None, 60.0], healthy_false=1, hours=10.0)
+    second = _run(2.0, [30.0, 35.0, 40.0], healthy_false=0, hours=30.0)
+    pooled = merge([second, first])
+    assert [row["factor"] for row in pooled["rows"]] == [1.15, 2.0]
+    assert pooled["rows"][0]["jobs"] == 4 and pooled["rows"][0]["detection"] == 0.75
+    assert pooled["rows"][1]["p50_detect_s"] == 35.0
+    assert pooled["healthy_rank_hours"] == 40.0 and pooled["false_alerts"] == 1
+    assert pooled["horizon_s"] == 240.0 and len(pooled["results"]) == 9
+
+    paths = []
+    for i, summary in enumerate((first, second)):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(summary))
+    assert main(["--merge", *map(str, paths), "--out", str(tmp_path / "pooled")]) == 0
+    written = json.loads((tmp_path / "pooled" / "sensitivity.json").read_text())
+    assert written["rows"] == pooled["rows"]
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["--merge", str(tmp_path / "bad.json"), "--out", str(tmp_path / "x")]) == 2
