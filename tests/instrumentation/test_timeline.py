@@ -282,31 +282,43 @@ def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers(handed_
     assert total(contract.STEP_COMPUTE_SHARE.name) == pytest.approx(0.8)
 
 
+def _step_every_two_seconds(
+    index: int, blocked_from_ns: int, blocked_to_ns: int, input_elements: int = 0
+) -> StepRecord:
+    """Step ``index`` of a rank that steps every 2 s, 200 ms from its forward to its optimizer,
+    blocked in a reduce-scatter over the given part of those 200 ms."""
+    start = (1000 + 2000 * index) * MS
+    return StepRecord(
+        step=index,
+        start_ns=start,
+        forward_start_ns=start,
+        forward_end_ns=start + 10 * MS,
+        forward_ns=10 * MS,
+        optimizer_start_ns=start + 200 * MS,
+        end_ns=start + 210 * MS,
+        data_wait_ns=0,
+        collectives=[
+            Collective(
+                "reduce_scatter",
+                FakeGroup("3", "mesh_shard"),
+                4096,
+                start + blocked_from_ns,
+                start + blocked_to_ns,
+                True,
+            )
+        ],
+        input_elements=input_elements,
+    )
+
+
 def test_the_recent_share_is_the_median_of_the_latest_seconds_past_an_outlier_and_a_burst() -> None:
     """Each step computes 200 ms less the time blocked in its reduce-scatter; one ends every
     2 s, so the share's 50 s hold some 25 of them."""
     registry, metrics, labels = rank_metrics()
     worker = _sharded_worker(metrics, labels)
-    shard = FakeGroup("3", "mesh_shard")
 
     def step(index: int, blocked_ms: int) -> StepRecord:
-        start = (1000 + 2000 * index) * MS
-        return StepRecord(
-            step=index,
-            start_ns=start,
-            forward_start_ns=start,
-            forward_end_ns=start + 50 * MS,
-            forward_ns=50 * MS,
-            optimizer_start_ns=start + 200 * MS,
-            end_ns=start + 210 * MS,
-            data_wait_ns=0,
-            collectives=[
-                Collective(
-                    "reduce_scatter", shard, 4096, start + 60 * MS,
-                    start + (60 + blocked_ms) * MS, True,
-                )
-            ],
-        )  # fmt: skip
+        return _step_every_two_seconds(index, 60 * MS, (60 + blocked_ms) * MS)
 
     def share() -> float:
         assert worker.flush()
@@ -339,27 +351,12 @@ def test_the_recent_share_follows_the_ranks_speed_not_its_batch_sizes() -> None:
     of the raw compute, mixing old small batches with new large ones, would not yet."""
     registry, metrics, labels = rank_metrics()
     worker = _sharded_worker(metrics, labels)
-    shard = FakeGroup("3", "mesh_shard")
     sizes = [400, 1600, 1000, 1250, 750, 1100, 900]
 
     def step(index: int, ms_per_thousand: float) -> StepRecord:
-        start = (1000 + 2000 * index) * MS
         size = sizes[index % len(sizes)]
         compute = round(ms_per_thousand * size / 1000 * MS)
-        return StepRecord(
-            step=index,
-            start_ns=start,
-            forward_start_ns=start,
-            forward_end_ns=start + 10 * MS,
-            forward_ns=10 * MS,
-            optimizer_start_ns=start + 200 * MS,
-            end_ns=start + 210 * MS,
-            data_wait_ns=0,
-            collectives=[
-                Collective("reduce_scatter", shard, 4096, start + compute, start + 200 * MS, True)
-            ],
-            input_elements=size * 4096,
-        )
+        return _step_every_two_seconds(index, compute, 200 * MS, input_elements=size * 4096)
 
     def share() -> float:
         assert worker.flush()
