@@ -243,18 +243,18 @@ class Fleet:
             self._set(spec, 0.0)
         w = self.workload
         # The hook's recent compute share: each rank's median compute per input element over
-        # the steps of its last RECENT_COMPUTE_SECONDS, times its mean input size over its
-        # last USUAL_BATCH_OBSERVATIONS steps, over their median compute + sync wait (every
-        # step here, as on FSDP; on DDP the hook observes the steps DDP times). A ring of the
-        # latest steps, long enough for the window at steps half the workload's nominal length.
+        # the steps of its last RECENT_COMPUTE_SECONDS, times its mean input size, over its
+        # mean compute + sync wait, both of its last USUAL_OBSERVATIONS steps (every step here,
+        # as on FSDP; on DDP the hook observes the steps DDP times). A ring of the latest
+        # steps, long enough for the window at steps half the workload's nominal length.
         ring = min(
             contract.RECENT_COMPUTE_MAX_OBSERVATIONS,
             contract.RECENT_COMPUTE_MIN_OBSERVATIONS
             + math.ceil(2 * contract.RECENT_COMPUTE_SECONDS / w.step_seconds),
         )
         self._recent_compute = np.zeros((self.ranks, ring))
-        self._recent_busy = np.zeros((self.ranks, ring))
-        self._usual_inputs = np.zeros((self.ranks, contract.USUAL_BATCH_OBSERVATIONS))
+        self._usual_inputs = np.zeros((self.ranks, contract.USUAL_OBSERVATIONS))
+        self._usual_busy = np.zeros((self.ranks, contract.USUAL_OBSERVATIONS))
         self._recent_ended = np.full(ring, -math.inf)
         self._recent_seen = 0
         self._set(contract.STEP_COMPUTE_SHARE, 0.0)
@@ -349,7 +349,7 @@ class Fleet:
         slot = self._recent_seen % ring
         self._recent_compute[:, slot] = d.compute / d.inputs
         self._usual_inputs[:, self._recent_seen % usual] = d.inputs
-        self._recent_busy[:, slot] = d.compute + d.sync_wait
+        self._usual_busy[:, self._recent_seen % usual] = d.compute + d.sync_wait
         self._recent_ended[slot] = at
         self._recent_seen += 1
         # Every rank's steps end together: one choice of slots for all of them.
@@ -357,11 +357,12 @@ class Fleet:
         held = self._recent_ended[newest] >= at - contract.RECENT_COMPUTE_SECONDS
         held[: contract.RECENT_COMPUTE_MIN_OBSERVATIONS] = True
         kept = newest[held]
+        seen = min(usual, self._recent_seen)
         self._set(
             contract.STEP_COMPUTE_SHARE,
             np.median(self._recent_compute[:, kept], axis=1)
-            * np.mean(self._usual_inputs[:, : min(usual, self._recent_seen)], axis=1)
-            / np.median(self._recent_busy[:, kept], axis=1),
+            * np.mean(self._usual_inputs[:, :seen], axis=1)
+            / np.mean(self._usual_busy[:, :seen], axis=1),
         )
         self._add(contract.COLLECTIVES_LAUNCHED, float(w.collectives_per_step))
         self._add(contract.COLLECTIVES_COMPLETED, float(w.collectives_per_step))

@@ -39,18 +39,22 @@ STEP_COMPUTE_DURATION = histogram(
 RECENT_COMPUTE_SECONDS = 50.0
 RECENT_COMPUTE_MIN_OBSERVATIONS = 16
 RECENT_COMPUTE_MAX_OBSERVATIONS = 2048
-# A rank's usual batch, which its recent compute is scaled to (its compute per input element
-# times this): the mean input size of its last USUAL_BATCH_OBSERVATIONS timed steps. Many more
-# than the recent window's, so that every rank of a job reads nearly the same usual batch: a
-# median of 50 sizes that vary by 8% varies by 1.5% itself, and would move a rank's share by that.
-USUAL_BATCH_OBSERVATIONS = 2048
+# A rank's usual batch and usual step: the means of its input size and of its compute + sync
+# wait over its last USUAL_OBSERVATIONS timed steps. Its recent compute is taken at the usual
+# batch (compute per input element times it) and divided by the usual step. Many more steps than
+# the recent window's, so that every rank of a job reads nearly the same of both: a median of 50
+# sizes that vary by 8% varies by 1.5% itself, and the median of 50 steps of a large job, each
+# as long as its slowest rank, jumps by a fifth when one more outlier step comes in; either would
+# move one rank's share against its job's for as long as the ranks are read at different moments.
+USUAL_OBSERVATIONS = 2048
 STEP_COMPUTE_SHARE = gauge(
     "step_compute_share_ratio",
     f"The share of its step this rank spends on its own work over the timed steps of its last "
     f"{RECENT_COMPUTE_SECONDS:g} s (at least {RECENT_COMPUTE_MIN_OBSERVATIONS}): their median "
-    "compute at the rank's usual batch (median compute per input element times median input "
-    "elements) over their median compute + sync wait, as step_compute_duration_seconds and "
-    "sync_wait_duration_seconds observe them (0 until a step with both). The slowest rank "
+    "compute at the rank's usual batch (median compute per input element times mean input "
+    f"elements) over its usual step (mean compute + sync wait of its last {USUAL_OBSERVATIONS} "
+    "timed steps), as step_compute_duration_seconds and sync_wait_duration_seconds observe "
+    "them (0 until a step with both). The slowest rank "
     "waits least, so its share is the job's highest; a whole job slowing moves every rank's "
     "alike. The fast straggler signal.",
 )

@@ -154,17 +154,15 @@ class StepWorker(BackgroundThread):
         self._unmatched: ReducerStats | None = None
         # (bytes, buckets) of DDP's gradient sync as the last timed step had them.
         self._sync_bytes = (0, 0)
-        # Of the latest timed steps: compute per input element, and compute + sync wait in
-        # seconds; of many more, input elements (see _observe_compute).
-        self._recent_compute, self._recent_busy = (
-            RecentMedian(
-                contract.RECENT_COMPUTE_SECONDS,
-                contract.RECENT_COMPUTE_MIN_OBSERVATIONS,
-                contract.RECENT_COMPUTE_MAX_OBSERVATIONS,
-            )
-            for _ in range(2)
+        # Of the latest timed steps, compute per input element; of many more, input elements
+        # and compute + sync wait in seconds (see _observe_compute).
+        self._recent_compute = RecentMedian(
+            contract.RECENT_COMPUTE_SECONDS,
+            contract.RECENT_COMPUTE_MIN_OBSERVATIONS,
+            contract.RECENT_COMPUTE_MAX_OBSERVATIONS,
         )
-        self._usual_inputs = RecentMean(contract.USUAL_BATCH_OBSERVATIONS)
+        self._usual_inputs = RecentMean(contract.USUAL_OBSERVATIONS)
+        self._usual_busy = RecentMean(contract.USUAL_OBSERVATIONS)
         self._steps_without_timers = 0
         self._reads_without_timers = 0
         self._last_alloc_retries: int | None = None
@@ -469,20 +467,21 @@ class StepWorker(BackgroundThread):
 
     def _observe_compute(self, record: StepRecord, compute_ns: int, wait_ns: int | None) -> None:
         """One step's local work and its wait on peers (None: not known, one process), and the
-        rank's recent share of local work: the median compute of its steps of the last
-        :data:`~trainguard.contract.RECENT_COMPUTE_SECONDS` over their median compute plus wait
-        (the fast straggler signal; :mod:`.recent`). Medians, so an outlier step moves
-        neither; a ratio of the two, so a whole job slowing moves both at the steps it slows,
-        whenever the rank is scraped; and not a median of each step's share, which the slowest
-        rank's time, common to every rank and varying from step to step, would spread.
+        rank's recent share of local work (the fast straggler signal; :mod:`.recent`): the
+        median compute of its steps of the last
+        :data:`~trainguard.contract.RECENT_COMPUTE_SECONDS`, at its usual batch, over its usual
+        step, the mean compute + wait of its last :data:`~trainguard.contract.USUAL_OBSERVATIONS`.
 
-        The compute is taken at the rank's usual batch: the median of compute per input
-        element times the mean input size of its last
-        :data:`~trainguard.contract.USUAL_BATCH_OBSERVATIONS` timed steps (the same as the
-        median compute where the inputs keep one size). Where batches vary, most of a rank's
-        step-to-step spread is its batch (docs/demo.md), and a straggler must outlast that
-        spread before the median shows it; scaled, it shows once its slowdown fills half the
-        window. A step that counted no inputs counts as a usual one."""
+        A median, so an outlier step moves nothing and a transient shorter than half the window
+        only nudges it. At the usual batch: the median of compute per input element times the
+        mean input size (the median compute where the inputs keep one size); where batches vary,
+        most of a rank's step-to-step spread is its batch (docs/demo.md), and a straggler would
+        have to outlast that spread before the median showed it. Over the usual step, which
+        every rank of a synchronous job shares: a share for the gauge, on the same footing on
+        every rank. Not over the window's median step: a step lasts as long as the job's slowest
+        rank, and in a large job, where most steps have some rank's outlier, that median jumps
+        as they come and go, on every rank at the same step but read at different moments. A
+        step that counted no inputs counts as a usual one."""
         m = self._metrics
         compute = _seconds(compute_ns)
         m.compute_duration.observe(compute)
@@ -490,15 +489,14 @@ class StepWorker(BackgroundThread):
             return
         wait = _seconds(wait_ns)
         m.sync_wait_duration.observe(wait)
-        ended = _seconds(record.end_ns)
         inputs = float(record.input_elements) or self._usual_inputs.mean() or 1.0
         self._usual_inputs.add(inputs)
-        self._recent_compute.add(ended, compute / inputs)
-        self._recent_busy.add(ended, compute + wait)
-        busy, per_input = self._recent_busy.median(), self._recent_compute.median()
-        usual_inputs = self._usual_inputs.mean()
-        if busy and per_input is not None and usual_inputs is not None:
-            m.compute_share.set(per_input * usual_inputs / busy)
+        self._usual_busy.add(compute + wait)
+        self._recent_compute.add(_seconds(record.end_ns), compute / inputs)
+        per_input, usual_inputs = self._recent_compute.median(), self._usual_inputs.mean()
+        usual_step = self._usual_busy.mean()
+        if usual_step and per_input is not None and usual_inputs is not None:
+            m.compute_share.set(per_input * usual_inputs / usual_step)
 
     def _send_awaited_syncs(self) -> None:
         """The sync spans of the steps still awaiting DDP's timers, now, marked ``unread``
