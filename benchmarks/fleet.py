@@ -56,7 +56,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -242,11 +242,10 @@ class Fleet:
         ):  # fmt: skip
             self._set(spec, 0.0)
         w = self.workload
-        # The hook's recent compute share: each rank's median compute per input element over
-        # the steps of its last RECENT_COMPUTE_SECONDS, times its mean input size, over its
-        # mean compute + sync wait, both of its last USUAL_OBSERVATIONS steps (every step here,
-        # as on FSDP; on DDP the hook observes the steps DDP times). A ring of the latest
-        # steps, long enough for the window at steps half the workload's nominal length.
+        # The hook's recent compute share (every step here, as on FSDP; on DDP the steps DDP
+        # times): median compute per input element over RECENT_COMPUTE_SECONDS, times the mean
+        # input size, over the mean compute + sync wait, of the last USUAL_OBSERVATIONS steps.
+        # A ring of the latest steps, long enough for the window at half-length steps.
         ring = min(
             contract.RECENT_COMPUTE_MAX_OBSERVATIONS,
             contract.RECENT_COMPUTE_MIN_OBSERVATIONS
@@ -316,9 +315,7 @@ class Fleet:
         assert noise is not None
         step, elapsed = self.steps + 1, at - self.started_at
         busy = noise.neighbour_factor(noise.neighbour_node or "", elapsed)
-        draws = [noise.draw(step, rank) for rank in range(self.ranks)]
-        sizes = np.array([draw.batch_size for draw in draws])
-        factors = np.array([draw.compute_factor for draw in draws])
+        sizes, factors = np.array([astuple(noise.draw(step, r)) for r in range(self.ranks)]).T
         on_neighbour = np.array([node == noise.neighbour_node for node in self._nodes])
         return sizes, np.where(on_neighbour, factors * busy, factors)
 

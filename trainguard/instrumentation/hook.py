@@ -95,7 +95,7 @@ class Instrumentation:
         self.config = config
         distributed = dist.is_available() and dist.is_initialized()
         self.backend = str(dist.get_backend()) if distributed else "none"
-        self.device = self._device_of(model)
+        self.device = parallel.device_of(model)
         store = default_store() if distributed else None
         self.identity: Identity = config.resolve_identity(
             world_size=dist.get_world_size() if distributed else 1,
@@ -310,12 +310,6 @@ class Instrumentation:
         return self.oom_guard.run_step(batch, loss_fn, loss_is_mean=loss_is_mean)
 
     # -- installation -------------------------------------------------------------------------
-    @staticmethod
-    def _device_of(model: torch.nn.Module) -> torch.device:
-        for parameter in model.parameters():
-            return parameter.device
-        return torch.device("cpu")
-
     def _install(self) -> None:
         cfg = self.config
         per_bucket = cfg.resolved_per_bucket()

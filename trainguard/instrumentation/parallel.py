@@ -31,6 +31,13 @@ except ImportError:  # pragma: no cover - torch built without distributed
     FullyShardedDataParallel = None  # type: ignore[assignment,misc]
 
 
+def device_of(model: torch.nn.Module) -> torch.device:
+    """Where the model's first parameter lives (the CPU for a model without parameters)."""
+    for parameter in model.parameters():
+        return parameter.device
+    return torch.device("cpu")
+
+
 def detect(model: torch.nn.Module) -> Parallelism:
     if isinstance(model, DistributedDataParallel):
         return Parallelism.DDP
