@@ -9,7 +9,7 @@ change once it fills half the window; a window of a fixed number of steps spans 
 at short steps, and a burst carries it.
 Bounded both ways: at least ``min_count`` observations however old (long steps, DDP timing one
 step in eight), at most ``max_count`` however recent (very short steps). Beside it,
-:class:`RecentMean`, the rank's usual batch size that its compute is scaled to.
+:class:`RecentMean`, for the rank's usual batch size and usual step that the share is taken at.
 """
 
 from __future__ import annotations
@@ -55,9 +55,11 @@ class RecentMedian:
 
 
 class RecentMean:
-    """The mean of the latest ``max_count`` observations: a rank's usual batch size. Counts
-    of input elements are exact, not timings, so the mean (a quarter less spread than the median
-    of a normal sample) has no outlier to be robust to."""
+    """The mean of the latest ``max_count`` observations: a rank's usual batch size and usual
+    step. A mean, not a median: input counts are exact, with no outlier to be robust to (and
+    their mean spreads a quarter less than their median); a step's length includes the outlier
+    steps of every rank it waits for, and a median of them jumps as they come and go, where a
+    mean moves by one step's share of the window."""
 
     def __init__(self, max_count: int) -> None:
         if max_count <= 0:
