@@ -12,9 +12,11 @@ watches ``/api/v1/alerts`` for ``--horizon`` minutes. Prometheus runs with the s
 ``deploy/prometheus.yml`` intervals and the shipped rules, every ``for`` as shipped.
 
 A slowdown is detected when ``TrainingStraggler`` fires for its job naming the slowed rank after
-it started; its time to detect is from the start to the first poll that saw it firing (polls
-every ``POLL_SECONDS``). Every other alert series that fires is false: in a slowed job anything
-but that one, in a healthy job anything. It writes ``sensitivity.json`` and ``sensitivity.png``
+it started; its time to detect is from the start to the rule evaluation that first wrote the
+series as firing (its first ``ALERTS{alertstate="firing"}`` sample, read once the run ends, as the
+fault matrix reads its runs: the moment Prometheus sends it to Alertmanager, not a later poll).
+Every other alert series that fires is false: in a slowed job anything but that one, in a healthy
+job anything. It writes ``sensitivity.json`` and ``sensitivity.png``
 (detection rate and p50/p95 time to detect by factor) into ``--out``, prints the table, and ends
 with one line per factor and the healthy jobs' line::
 
@@ -176,11 +178,27 @@ def build_jobs(args: argparse.Namespace, template: Template, noise: Noise) -> Jo
     return Jobs(fleets, plans)
 
 
+def first_firing(samples: list[dict[str, Any]]) -> dict[tuple[str, str, str], float]:
+    """(alert, job, rank) -> the first evaluation (Unix seconds) that wrote it firing, from the
+    raw samples of ``ALERTS{alertstate="firing"}[range]``."""
+    fired: dict[tuple[str, str, str], float] = {}
+    for series in samples:
+        labels = series["metric"]
+        key = (
+            labels.get(contract.LABEL_ALERTNAME, ""),
+            labels.get(contract.LABEL_JOB_ID, ""),
+            labels.get(contract.LABEL_RANK, ""),
+        )
+        first = min(float(at) for at, _value in series["values"])
+        fired[key] = min(first, fired.get(key, first))
+    return fired
+
+
 def judge(
     plans: list[JobPlan], started: dict[str, float], fired: dict[tuple[str, str, str], float]
 ) -> list[JobResult]:
-    """Each job's verdict from the alert series seen firing ((alert, job, rank) -> first poll
-    time) and when its slowdown started."""
+    """Each job's verdict from the alert series that fired ((alert, job, rank) -> first firing
+    evaluation) and when its slowdown started."""
     results = {plan.job_id: JobResult(plan, started.get(plan.job_id)) for plan in plans}
     for (name, job_id, rank), first in sorted(fired.items(), key=lambda item: item[1]):
         result = results.get(job_id)
@@ -343,33 +361,35 @@ def _watch(
     warm_until = began + args.warmup
     end = warm_until + 60.0 + 60 * args.horizon
     started: dict[str, float] = {}
-    fired: dict[tuple[str, str, str], float] = {}
     next_report = began + 60.0
     while (now := time.time()) < end:
         for i, plan in enumerate(jobs.plans):
             due = now >= warm_until + plan.start_after_s
             if plan.factor != 1.0 and plan.job_id not in started and due:
                 started[plan.job_id] = jobs.start(i, now)
-        for alert in api.alerts():
-            if alert.get("state") != "firing":
-                continue
-            labels = alert.get("labels", {})
-            key = (
-                labels.get("alertname", ""),
-                labels.get(contract.LABEL_JOB_ID, ""),
-                labels.get(contract.LABEL_RANK, ""),
-            )
-            fired.setdefault(key, now)
         if now >= next_report:
             next_report += 60.0
-            detected = len({job for (name, job, _), _t in fired.items() if name == STRAGGLER})
+            detected = api.query(
+                f'count(count by ({contract.LABEL_JOB_ID}) ({contract.ALERTS_SERIES}{{'
+                f'{contract.LABEL_ALERTNAME}="{STRAGGLER}",'
+                f'{contract.LABEL_ALERTSTATE}="{contract.ALERTSTATE_FIRING}"}}))'
+            )
             log(
                 f"{(now - began) / 60:4.1f} of {(end - began) / 60:.1f} min: "
-                f"{len(started)} slowed, {detected} job(s) with a straggler alert, "
-                f"{len(fired)} alert series"
+                f"{len(started)} slowed, "
+                f"{int(float(detected[0]['value'][1])) if detected else 0} job(s) with a "
+                "straggler alert firing"
             )
         if stop.wait(POLL_SECONDS):
             raise RunError("stopped")
+    # The last evaluations of the run are in before the series are read.
+    time.sleep(2 * POLL_SECONDS)
+    fired = first_firing(
+        api.samples(
+            f'{contract.ALERTS_SERIES}{{{contract.LABEL_ALERTSTATE}="{contract.ALERTSTATE_FIRING}"}}',
+            time.time() - began,
+        )
+    )
     results = judge(jobs.plans, started, fired)
     healthy_jobs = sum(1 for plan in jobs.plans if plan.factor == 1.0)
     rank_hours = healthy_jobs * args.ranks_per_job * (end - began) / 3600

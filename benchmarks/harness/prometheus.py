@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import httpx
@@ -32,6 +33,11 @@ class Api:
         response.raise_for_status()
         result: list[dict[str, Any]] = response.json()["data"]["result"]
         return result
+
+    def samples(self, expr: str, seconds: float) -> list[dict[str, Any]]:
+        """The raw samples of ``expr`` over the last ``seconds`` (a range selector read as an
+        instant query: each series' samples at the times they were written)."""
+        return self.query(f"{expr}[{max(1, math.ceil(seconds))}s]")
 
     def scalar(self, expr: str) -> float | None:
         result = self.query(expr)

@@ -14,6 +14,7 @@ import pytest
 from benchmarks.fleet_sensitivity import (
     JobPlan,
     JobResult,
+    first_firing,
     judge,
     lines,
     main,
@@ -67,6 +68,24 @@ def test_a_slowdown_is_detected_by_its_own_rank_s_alert_after_it_started() -> No
         "factor=1.5 jobs=3 detection=0.3333 p50_detect_s=60.0 p95_detect_s=60.0",
         "healthy_rank_hours=8.00 false_alerts=1 false_alerts_per_1000_rank_hours=125.00",
     ]
+
+
+def test_an_alert_is_timed_by_the_evaluation_that_first_wrote_it_firing() -> None:
+    """Raw ``ALERTS`` samples: one rank's two straggler detectors (its slow and its recent
+    rule) are one detection, at the earlier of their first evaluations."""
+
+    def series(rank: str, detector: str, times: list[float]) -> dict[str, Any]:
+        labels = {"alertname": STRAGGLER, "job_id": "a", "rank": rank, "detector": detector}
+        return {"metric": labels, "values": [[t, "1"] for t in times]}
+
+    fired = first_firing(
+        [
+            series("2", "recent", [165.0, 160.0, 170.0]),
+            series("2", "slow", [175.0, 180.0]),
+            {"metric": {"alertname": "TrainingStalled", "job_id": "a"}, "values": [[200.0, "1"]]},
+        ]
+    )
+    assert fired == {(STRAGGLER, "a", "2"): 160.0, ("TrainingStalled", "a", ""): 200.0}
 
 
 def _run(
