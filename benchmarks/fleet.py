@@ -349,18 +349,17 @@ class Fleet:
         self._usual_busy[:, self._recent_seen % usual] = d.compute + d.sync_wait
         self._recent_ended[slot] = at
         self._recent_seen += 1
-        # Every rank's steps end together: one choice of slots for all of them.
+        # Every rank's steps end together: one choice of slots for all of them; no share
+        # until the window has filled once (the hook's RecentMedian.ready).
         newest = np.argsort(-self._recent_ended)[: min(ring, self._recent_seen)]
         held = self._recent_ended[newest] >= at - contract.RECENT_COMPUTE_SECONDS
         held[: contract.RECENT_COMPUTE_MIN_OBSERVATIONS] = True
-        kept = newest[held]
-        seen = min(usual, self._recent_seen)
-        self._set(
-            contract.STEP_COMPUTE_SHARE,
-            np.median(self._recent_compute[:, kept], axis=1)
-            * np.mean(self._usual_inputs[:, :seen], axis=1)
-            / np.mean(self._usual_busy[:, :seen], axis=1),
-        )
+        kept, seen = newest[held], min(usual, self._recent_seen)
+        if at - self.started_at >= contract.RECENT_COMPUTE_SECONDS:
+            per_input = np.median(self._recent_compute[:, kept], axis=1)
+            usual_step = np.mean(self._usual_busy[:, :seen], axis=1)
+            inputs = np.mean(self._usual_inputs[:, :seen], axis=1)
+            self._set(contract.STEP_COMPUTE_SHARE, per_input * inputs / usual_step)
         self._add(contract.COLLECTIVES_LAUNCHED, float(w.collectives_per_step))
         self._add(contract.COLLECTIVES_COMPLETED, float(w.collectives_per_step))
         self._add(contract.GRAD_SYNC_BYTES, w.grad_bytes_per_step)

@@ -370,7 +370,7 @@ def _watch(
         if now >= next_report:
             next_report += 60.0
             detected = api.query(
-                f'count(count by ({contract.LABEL_JOB_ID}) ({contract.ALERTS_SERIES}{{'
+                f"count(count by ({contract.LABEL_JOB_ID}) ({contract.ALERTS_SERIES}{{"
                 f'{contract.LABEL_ALERTNAME}="{STRAGGLER}",'
                 f'{contract.LABEL_ALERTSTATE}="{contract.ALERTSTATE_FIRING}"}}))'
             )

@@ -313,6 +313,7 @@ def straggler(
         registry=registry,
         metrics_port=-1,
         oom_recovery=guarded,
+        recent_compute_seconds=0.2,  # a few steps: no share before its window has filled
     )
 
     def run(count: int, first: int) -> None:

@@ -211,7 +211,13 @@ def sharded_training(
     exporter = InMemorySpanExporter()
     registry = CollectorRegistry()
     handle = trainguard.instrument(
-        model, optimizer, job_id=job, registry=registry, span_exporter=exporter, metrics_port=-1
+        model,
+        optimizer,
+        job_id=job,
+        registry=registry,
+        span_exporter=exporter,
+        metrics_port=-1,
+        recent_compute_seconds=0.2,  # a few steps: no share before its window has filled
     )
     labels = labels_of(handle)
 

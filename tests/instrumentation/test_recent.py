@@ -31,6 +31,30 @@ def test_long_steps_keep_the_minimum_however_old() -> None:
     assert len(recent) == 3 and recent.median() == 9.0
 
 
+def test_it_is_ready_once_its_window_has_filled() -> None:
+    """A rank's first seconds are all its window holds: a burst then would be most of them."""
+    recent = RecentMedian(10.0, min_count=3, max_count=100)
+    for at in range(10):  # one a second: nine seconds since the first
+        recent.add(float(at), 1.0)
+        assert not recent.ready
+    recent.add(10.0, 1.0)
+    assert recent.ready
+    recent.add(11.0, 1.0)  # it stays ready as old ones leave
+    assert recent.ready and len(recent) == 11
+
+    long_steps = RecentMedian(10.0, min_count=3, max_count=100)
+    for at in range(2):  # a step a minute: the second spans the window
+        assert not long_steps.ready
+        long_steps.add(60.0 * at, 1.0)
+    assert long_steps.ready
+
+    short_steps = RecentMedian(10.0, min_count=1, max_count=4)
+    for at in range(4):  # four in a second fill it at its most
+        assert not short_steps.ready
+        short_steps.add(at / 4, 1.0)
+    assert short_steps.ready
+
+
 def test_a_bad_window_is_refused() -> None:
     with pytest.raises(ValueError, match="bad window"):
         RecentMedian(10.0, min_count=5, max_count=4)

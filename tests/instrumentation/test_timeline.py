@@ -234,50 +234,62 @@ def test_the_worker_splits_a_step_into_compute_and_time_blocked_on_peers(handed_
     registry, metrics, labels = rank_metrics()
     shard = FakeGroup("3", "mesh_shard")
     worker = _sharded_worker(metrics, labels)
-    record = StepRecord(
-        step=0,
-        start_ns=1000 * MS,
-        forward_start_ns=1100 * MS,
-        forward_end_ns=1200 * MS,
-        forward_ns=100 * MS,
-        optimizer_start_ns=1400 * MS,
-        end_ns=1450 * MS,
-        data_wait_ns=100 * MS,  # the gap since the last step: not measured by wrap_dataloader
-        collectives=[
-            Collective("all_gather", shard, 4096, 1060 * MS, 1090 * MS, True),
-            Collective("reduce_scatter", shard, 4096, 1300 * MS, 1350 * MS, True),
-        ],
-    )
-    raw: RawStep = (
-        record.step,
-        record.start_ns,
-        record.forward_start_ns,
-        record.forward_end_ns,
-        record.forward_ns,
-        record.optimizer_start_ns,
-        record.end_ns,
-        record.data_wait_ns,
-        [],
-        [(c.op, c.group, c.nbytes, c.start_ns, c.end_ns) for c in record.collectives],
-        0,
-        None,
-        0,
-    )
-    worker.start()
-    try:
-        worker.submit(record if handed_over == "record" else raw)
-        assert worker.flush()
-    finally:
-        worker.stop()
+
+    def handed(at_ms: int) -> StepRecord | RawStep:
+        record = StepRecord(
+            step=0,
+            start_ns=(at_ms + 1000) * MS,
+            forward_start_ns=(at_ms + 1100) * MS,
+            forward_end_ns=(at_ms + 1200) * MS,
+            forward_ns=100 * MS,
+            optimizer_start_ns=(at_ms + 1400) * MS,
+            end_ns=(at_ms + 1450) * MS,
+            data_wait_ns=100 * MS,  # the gap since the last step: not measured by wrap_dataloader
+            collectives=[
+                Collective(
+                    "all_gather", shard, 4096, (at_ms + 1060) * MS, (at_ms + 1090) * MS, True
+                ),
+                Collective(
+                    "reduce_scatter", shard, 4096, (at_ms + 1300) * MS, (at_ms + 1350) * MS, True
+                ),
+            ],
+        )
+        if handed_over == "record":
+            return record
+        return (
+            record.step,
+            record.start_ns,
+            record.forward_start_ns,
+            record.forward_end_ns,
+            record.forward_ns,
+            record.optimizer_start_ns,
+            record.end_ns,
+            record.data_wait_ns,
+            [],
+            [(c.op, c.group, c.nbytes, c.start_ns, c.end_ns) for c in record.collectives],
+            0,
+            None,
+            0,
+        )
 
     def total(name: str) -> float:
         return registry.get_sample_value(name, labels) or 0.0
 
-    assert total("trainguard_step_compute_duration_seconds_sum") == pytest.approx(0.320)
-    assert total("trainguard_sync_wait_duration_seconds_sum") == pytest.approx(0.080)
-    assert total("trainguard_grad_sync_duration_seconds_sum") == pytest.approx(0.050)
-    assert total("trainguard_param_gather_duration_seconds_sum") == pytest.approx(0.030)
-    assert total("trainguard_grad_sync_bytes_total") == 4096
+    worker.start()
+    try:
+        worker.submit(handed(0))
+        assert worker.flush()
+        assert total("trainguard_step_compute_duration_seconds_sum") == pytest.approx(0.320)
+        assert total("trainguard_sync_wait_duration_seconds_sum") == pytest.approx(0.080)
+        assert total("trainguard_grad_sync_duration_seconds_sum") == pytest.approx(0.050)
+        assert total("trainguard_param_gather_duration_seconds_sum") == pytest.approx(0.030)
+        assert total("trainguard_grad_sync_bytes_total") == 4096
+        # No share from one step: the rank's window has not filled.
+        assert total(contract.STEP_COMPUTE_SHARE.name) == 0.0
+        worker.submit(handed(round(1000 * contract.RECENT_COMPUTE_SECONDS)))
+        assert worker.flush()
+    finally:
+        worker.stop()
     # Its share of local work: 0.32 s of the 0.40 s it did not spend on other work.
     assert total(contract.STEP_COMPUTE_SHARE.name) == pytest.approx(0.8)
 

@@ -54,7 +54,7 @@ STEP_COMPUTE_SHARE = gauge(
     "compute at the rank's usual batch (median compute per input element times mean input "
     f"elements) over its usual step (mean compute + sync wait of its last {USUAL_OBSERVATIONS} "
     "timed steps), as step_compute_duration_seconds and sync_wait_duration_seconds observe "
-    "them (0 until a step with both). The slowest rank "
+    f"them (0 until the rank has {RECENT_COMPUTE_SECONDS:g} s of such steps). The slowest rank "
     "waits least, so its share is the job's highest; a whole job slowing moves every rank's "
     "alike. The fast straggler signal.",
 )

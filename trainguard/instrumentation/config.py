@@ -189,6 +189,10 @@ class InstrumentationConfig:
             batches, and a straggler stands out sooner. Costs nothing where inputs keep one
             size. Turn off where the inputs' size does not follow the cost (a variable-size
             side input). Default on.
+        recent_compute_seconds: the window of that share's median; the rank reports no share
+            (0) until its timed steps have filled it once. Default
+            ``contract.RECENT_COMPUTE_SECONDS`` (50 s), what ``TrainingStraggler``'s fast rule
+            was measured with: shorter, a noisy neighbour's burst moves the share (docs/alerts.md).
         tracing: build OpenTelemetry spans; default on when an OTLP endpoint is configured
             (``OTEL_EXPORTER_OTLP_ENDPOINT``) or a span exporter is passed in.
         watchdog: run the collective watchdog thread.
@@ -230,6 +234,7 @@ class InstrumentationConfig:
     metrics_detail: bool | None = None
     runtime_stats_every: int = 8
     work_from_inputs: bool = True
+    recent_compute_seconds: float = contract.RECENT_COMPUTE_SECONDS
     tracing: bool | None = None
     stall_floor_seconds: float | None = None
     stall_factor: float = DEFAULT_STALL_FACTOR

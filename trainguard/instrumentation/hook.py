@@ -376,6 +376,7 @@ class Instrumentation:
             roles=roles,
             per_bucket=per_bucket,
             on_timers_lost=self._on_timers_lost,
+            recent_seconds=cfg.recent_compute_seconds,
         )
         self._worker.start()
         self.steps.worker = self._worker

@@ -8,7 +8,10 @@ a burst (to a higher percentile of the normal steps), at any step length, and fo
 change once it fills half the window; a window of a fixed number of steps spans a few seconds
 at short steps, and a burst carries it.
 Bounded both ways: at least ``min_count`` observations however old (long steps, DDP timing one
-step in eight), at most ``max_count`` however recent (very short steps). Beside it,
+step in eight), at most ``max_count`` however recent (very short steps). Not :attr:`ready` until
+the window has filled once: in a rank's first seconds it holds only those, and a burst then
+is most of them (a healthy job's first run at the shipped defaults fired for a node whose
+neighbour's burst began 3 s into the job). Beside it,
 :class:`RecentMean`, for the rank's usual batch size and usual step that the share is taken at.
 """
 
@@ -29,12 +32,15 @@ class RecentMedian:
         self._max_count = max_count
         self._arrivals: collections.deque[tuple[float, float]] = collections.deque()
         self._sorted: list[float] = []
+        self._first_at: float | None = None
 
     def __len__(self) -> int:
         return len(self._arrivals)
 
     def add(self, at: float, value: float) -> None:
         """One observation made at ``at`` seconds; drops those the window no longer holds."""
+        if self._first_at is None:
+            self._first_at = at
         self._arrivals.append((at, value))
         bisect.insort(self._sorted, value)
         while len(self._arrivals) > self._max_count or (
@@ -42,6 +48,15 @@ class RecentMedian:
         ):
             _, old = self._arrivals.popleft()
             del self._sorted[bisect.bisect_left(self._sorted, old)]
+
+    @property
+    def ready(self) -> bool:
+        """Whether the window has filled once: ``seconds`` since the first observation (or
+        ``max_count`` observations, at very short steps)."""
+        if self._first_at is None:
+            return False
+        span = self._arrivals[-1][0] - self._first_at
+        return span >= self._seconds or len(self._arrivals) == self._max_count
 
     def median(self) -> float | None:
         """The median of the observations held (None before the first)."""

@@ -117,6 +117,7 @@ class StepWorker(BackgroundThread):
         roles: timeline.Roles | None = None,
         per_bucket: bool = False,
         on_timers_lost: Callable[[], None] | None = None,
+        recent_seconds: float = contract.RECENT_COMPUTE_SECONDS,
     ) -> None:
         super().__init__("trainguard-worker")
         self._identity = identity
@@ -157,7 +158,7 @@ class StepWorker(BackgroundThread):
         # Of the latest timed steps, compute per input element; of many more, input elements
         # and compute + sync wait in seconds (see _observe_compute).
         self._recent_compute = RecentMedian(
-            contract.RECENT_COMPUTE_SECONDS,
+            recent_seconds,
             contract.RECENT_COMPUTE_MIN_OBSERVATIONS,
             contract.RECENT_COMPUTE_MAX_OBSERVATIONS,
         )
@@ -493,6 +494,8 @@ class StepWorker(BackgroundThread):
         self._usual_inputs.add(inputs)
         self._usual_busy.add(compute + wait)
         self._recent_compute.add(_seconds(record.end_ns), compute / inputs)
+        if not self._recent_compute.ready:  # 0 until its window has filled once
+            return
         per_input, usual_inputs = self._recent_compute.median(), self._usual_inputs.mean()
         usual_step = self._usual_busy.mean()
         if usual_step and per_input is not None and usual_inputs is not None:
