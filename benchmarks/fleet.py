@@ -349,13 +349,13 @@ class Fleet:
         self._usual_busy[:, self._recent_seen % usual] = d.compute + d.sync_wait
         self._recent_ended[slot] = at
         self._recent_seen += 1
-        # Every rank's steps end together: one choice of slots for all of them; no share
-        # until the window has filled once (the hook's RecentMedian.ready).
-        newest = np.argsort(-self._recent_ended)[: min(ring, self._recent_seen)]
-        held = self._recent_ended[newest] >= at - contract.RECENT_COMPUTE_SECONDS
-        held[: contract.RECENT_COMPUTE_MIN_OBSERVATIONS] = True
-        kept, seen = newest[held], min(usual, self._recent_seen)
+        # No share until the window has filled once (the hook's RecentMedian.ready). Every
+        # rank's steps end together: one choice of slots for all of them.
         if at - self.started_at >= contract.RECENT_COMPUTE_SECONDS:
+            newest = np.argsort(-self._recent_ended)[: min(ring, self._recent_seen)]
+            held = self._recent_ended[newest] >= at - contract.RECENT_COMPUTE_SECONDS
+            held[: contract.RECENT_COMPUTE_MIN_OBSERVATIONS] = True
+            kept, seen = newest[held], min(usual, self._recent_seen)
             per_input = np.median(self._recent_compute[:, kept], axis=1)
             usual_step = np.mean(self._usual_busy[:, :seen], axis=1)
             inputs = np.mean(self._usual_inputs[:, :seen], axis=1)

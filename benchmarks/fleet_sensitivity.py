@@ -8,7 +8,7 @@ persistently slower rank) whose compute slows by that factor, and ``--healthy-jo
 healthy. Every job's compute carries the healthy noise model (``--noise``, each job its own seed;
 by default a noisy neighbour on each job's second node). The slowdowns start spread over one
 minute after ``--warmup`` (so they fall on every phase of the rules' evaluation), then the run
-watches ``/api/v1/alerts`` for ``--horizon`` minutes. Prometheus runs with the shipped
+goes on for ``--horizon`` minutes. Prometheus runs with the shipped
 ``deploy/prometheus.yml`` intervals and the shipped rules, every ``for`` as shipped.
 
 A slowdown is detected when ``TrainingStraggler`` fires for its job naming the slowed rank after
@@ -369,16 +369,14 @@ def _watch(
                 started[plan.job_id] = jobs.start(i, now)
         if now >= next_report:
             next_report += 60.0
-            detected = api.query(
+            detected = api.scalar(
                 f"count(count by ({contract.LABEL_JOB_ID}) ({contract.ALERTS_SERIES}{{"
                 f'{contract.LABEL_ALERTNAME}="{STRAGGLER}",'
                 f'{contract.LABEL_ALERTSTATE}="{contract.ALERTSTATE_FIRING}"}}))'
             )
             log(
                 f"{(now - began) / 60:4.1f} of {(end - began) / 60:.1f} min: "
-                f"{len(started)} slowed, "
-                f"{int(float(detected[0]['value'][1])) if detected else 0} job(s) with a "
-                "straggler alert firing"
+                f"{len(started)} slowed, {int(detected or 0)} job(s) with a straggler alert firing"
             )
         if stop.wait(POLL_SECONDS):
             raise RunError("stopped")
